@@ -1,0 +1,242 @@
+"""The DFlash / DFlash2 block-diffusion draft model (SPEC §2).
+
+Contract:
+- `DFlash2DraftModel(config)` owns exactly the tensors of SPEC §2.2 (names and shapes are the
+  checkpoint format shared with the published checkpoints and the engines). It has no embedding
+  table and no LM head: `bind_target(embed_weight, lm_head_weight)` borrows the target's (frozen,
+  never saved).
+- `context_kv(features, positions)` turns tapped target hidden states [b, L, n_taps*H_t] into
+  per-layer (K, V) of the context; the context is never updated by draft layers, so callers cache it.
+- `forward_blocks(block_ids, block_positions, context_kv, mask)` runs blocks `[anchor, MASK, ...]`
+  laid out [b, n_blocks, B]: queries are block tokens only, keys/values are `[context ; blocks]`,
+  `mask` [b, 1, n*B, L + n*B] (True = visible) encodes window / causality / block sparsity.
+  Returns hidden states after the final norm, [b, n, B, H].
+- `logits(hidden)` applies the target LM head, `output_multiplier` and the optional softcap.
+- `save_pretrained` / `from_pretrained` read and write `config.json` + `model.safetensors`
+  atomically; DFlash v1 checkpoints load as drafts without convs and selector.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from dflash2.config import DFlash2Config
+from dflash2.conv import GroupedDynamicConv
+from dflash2.errors import DFlash2Error, require
+from dflash2.fileio import atomic_directory
+from dflash2.selector import CandidateSelector
+
+
+class RMSNorm(nn.Module):
+    """Qwen3-style RMSNorm, computed in fp32 (tapped features can have norms in the thousands)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * x32).to(self.weight.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """positions [...] -> cos, sin [..., 1 (heads), head_dim] for rotate-half RoPE."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    angles = positions.float().unsqueeze(-1) * inv_freq                 # [..., d/2]
+    angles = torch.cat([angles, angles], dim=-1).unsqueeze(-2)          # [..., 1, d]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., heads, d]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, config: DFlash2Config):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.theta = config.rope_theta
+        h = config.hidden_size
+        self.q_proj = nn.Linear(h, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def key_value(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [b, L, H], positions [b, L] -> roped K, V [b, kv_heads, L, d]."""
+        b, length, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, length, self.kv_heads, self.head_dim))
+        v = self.v_proj(x).view(b, length, self.kv_heads, self.head_dim)
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, k.dtype)
+        return apply_rope(k, cos, sin).transpose(1, 2), v.transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor],
+                mask: torch.Tensor) -> torch.Tensor:
+        """x [b, Q, H] block tokens, positions [b, Q]; context K/V [b, kv, L, d]; mask [b, 1, Q, L+Q]."""
+        b, q_len, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, q_len, self.heads, self.head_dim))
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, q.dtype)
+        q = apply_rope(q, cos, sin).transpose(1, 2)                                # [b, heads, Q, d]
+        k_block, v_block = self.key_value(x, positions)
+        k = torch.cat([context[0], k_block], dim=2)
+        v = torch.cat([context[1], v_block], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.heads * self.head_dim))
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, config: DFlash2Config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, config: DFlash2Config):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = DraftAttention(config)
+        self.mlp = DraftMLP(config)
+        self.use_conv = config.use_conv
+        if config.use_conv:
+            self.attention_conv = GroupedDynamicConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)
+            self.mlp_conv = GroupedDynamicConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)
+
+    def forward(self, x, positions, context, mask, conv_enabled: bool = True):
+        """x [b, n, B, H] (block layout keeps the convolutions block-local)."""
+        b, n, block, h = x.shape
+        flat = (b, n * block, h)
+        use_conv = self.use_conv and conv_enabled
+        a = self.input_layernorm(x)
+        if use_conv:
+            a, k1 = self.attention_conv.prepare(a)
+        y = self.self_attn(a.reshape(flat), positions.reshape(b, -1), context, mask).view_as(x)
+        x = x + (self.attention_conv.finish(y, k1) if use_conv else y)
+        m = self.post_attention_layernorm(x)
+        if use_conv:
+            m, k2 = self.mlp_conv.prepare(m)
+        y = self.mlp(m)
+        return x + (self.mlp_conv.finish(y, k2) if use_conv else y)
+
+
+class DFlash2DraftModel(nn.Module):
+    def __init__(self, config: DFlash2Config):
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.fc = nn.Linear(config.num_taps * config.target_hidden_size, h, bias=False)
+        self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        if config.use_selector:
+            self.candidate_selector = CandidateSelector(config.vocab_size, h, config.selector_rank, config.selector_top_k)
+        self.embed_weight: torch.Tensor | None = None
+        self.lm_head_weight: torch.Tensor | None = None
+        self.conv_enabled = True  # analysis switch: run a DFlash2 draft with its convolutions off
+
+    @property
+    def selector(self) -> CandidateSelector | None:
+        return self.candidate_selector if self.config.use_selector else None
+
+    def bind_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
+        """Borrow the target's (frozen) embedding table and LM head; they are never saved."""
+        require(embed_weight.shape == (self.config.vocab_size, self.config.hidden_size),
+                f"draft/target mismatch: target embedding is {tuple(embed_weight.shape)}, draft expects "
+                f"({self.config.vocab_size}, {self.config.hidden_size})")
+        self.embed_weight, self.lm_head_weight = embed_weight.detach(), lm_head_weight.detach()
+
+    # ------------------------------------------------------------------ forward pieces
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        require(self.embed_weight is not None, "draft is not bound to a target: call bind_target first")
+        x = F.embedding(ids, self.embed_weight).to(self.fc.weight.dtype)
+        return x * self.config.input_embedding_scale if self.config.input_embedding_scale != 1.0 else x
+
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """features [b, L, n_taps*H_t], positions [b, L] -> per layer (K, V) [b, kv, L, d]."""
+        ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        return [layer.self_attn.key_value(ctx, positions) for layer in self.layers]
+
+    def forward_blocks(self, block_ids: torch.Tensor, block_positions: torch.Tensor,
+                       context: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> torch.Tensor:
+        """block_ids / block_positions [b, n, B] -> final-norm hidden [b, n, B, H]."""
+        x = self.embed(block_ids)
+        for layer, layer_context in zip(self.layers, context):
+            x = layer(x, block_positions, layer_context, mask, self.conv_enabled)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden, self.lm_head_weight.to(hidden.dtype)).float()
+        if self.config.output_multiplier != 1.0:
+            logits = logits * self.config.output_multiplier
+        cap = self.config.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_pretrained(self, path: str | Path) -> None:
+        state = {name: t.detach().contiguous() for name, t in self.state_dict().items()}
+        with atomic_directory(path) as tmp:
+            (tmp / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+            save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu") -> "DFlash2DraftModel":
+        path = Path(path)
+        require((path / "config.json").is_file(), f"draft checkpoint '{path}' has no config.json")
+        try:
+            config = DFlash2Config.from_dict(json.loads((path / "config.json").read_text()))
+        except json.JSONDecodeError as err:
+            raise DFlash2Error(f"draft config '{path / 'config.json'}' is not valid JSON: {err}") from None
+        files = sorted(path.glob("*.safetensors"))
+        require(bool(files), f"draft checkpoint '{path}' has no .safetensors weights")
+        state = {}
+        for file in files:
+            for name, tensor in load_file(str(file)).items():
+                state[name.removeprefix("model.")] = tensor
+        with torch.device("meta"):
+            model = cls(config)
+        expected = model.state_dict()
+        missing = [n for n in expected if n not in state]
+        require(not missing, f"draft checkpoint '{path}' is missing tensor '{missing[0]}'" if missing else "")
+        for name, tensor in expected.items():
+            require(tuple(state[name].shape) == tuple(tensor.shape),
+                    f"draft tensor '{name}' has shape {tuple(state[name].shape)}, config implies {tuple(tensor.shape)}")
+        unexpected = [n for n in state if n not in expected and not n.startswith(("embed_tokens", "lm_head"))]
+        require(not unexpected, f"draft checkpoint '{path}' has unexpected tensor '{unexpected[0]}'" if unexpected else "")
+        model.load_state_dict({n: state[n].to(dtype) for n in expected}, assign=True)
+        return model.to(device).eval()
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def init_linear_weights(model: DFlash2DraftModel, std: float = 0.02) -> None:
+    """Fresh-draft init: normal(0, std) linears, unit norms, identity convs, neutral selector."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+    for module in model.modules():
+        if isinstance(module, (GroupedDynamicConv, CandidateSelector)):
+            module.reset_parameters()
+    # fc maps concatenated taps; scale so the fused context starts at unit-ish variance.
+    nn.init.normal_(model.fc.weight, std=1.0 / math.sqrt(model.fc.in_features))

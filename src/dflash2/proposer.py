@@ -1,0 +1,108 @@
+"""Draft side of a decoding cycle: the draft's context cache and one block proposal (SPEC §3 step 1).
+
+Contract:
+- `DraftProposer(draft)` holds, per draft layer, the K/V of the target features committed so far
+  (left-padded like the target cache) plus their positions and validity mask.
+- `start(features, mask)` fills it from the prefill; `append(features, counts)` adds the features
+  of the tokens committed in a cycle (the first counts[r] of the q verified positions);
+  `select_rows(rows)` drops finished sequences.
+- `propose(anchors, start_positions, block_size, temperature, generator)` runs one block
+  `[anchor, MASK x (block_size-1)]` at positions start..start+block_size-1 and returns a `Proposal`:
+  draft tokens [b, T] and, when sampling, the dense distribution q [b, T, V] each was drawn from.
+  With a selector the tokens are a path through the top-K candidates; without one (DFlash v1)
+  they are per-position argmax / samples of the draft logits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dflash2.acceptance import dense_q
+from dflash2.draft import DFlash2DraftModel
+from dflash2.ragged import right_align
+from dflash2.timing import Stopwatch
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor        # [b, T]
+    q: torch.Tensor | None      # [b, T, V] (None when greedy)
+
+
+class DraftProposer:
+    def __init__(self, draft: DFlash2DraftModel, stopwatch: Stopwatch | None = None):
+        self.draft = draft
+        self.window = draft.config.sliding_window
+        self.stopwatch = stopwatch or Stopwatch(None)
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.positions: torch.Tensor | None = None   # [b, S]
+        self.valid: torch.Tensor | None = None       # [b, S] bool
+
+    def start(self, features: torch.Tensor, mask: torch.Tensor) -> None:
+        """features [b, L, F] from the prefill, mask [b, L] (1 = real token)."""
+        self.valid = mask.bool()
+        self.positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.inference_mode():
+            self.kv = self.draft.context_kv(features, self.positions)
+
+    def append(self, features: torch.Tensor, counts: torch.Tensor, first_position: torch.Tensor) -> None:
+        """features [b, q, F] at positions first_position[r] + 0..q-1; keep the first counts[r]."""
+        q = features.shape[1]
+        positions = first_position[:, None] + torch.arange(q, device=features.device)   # [b, q]
+        with torch.inference_mode():
+            new_kv = self.draft.context_kv(features, positions)
+        valid = torch.arange(q, device=features.device)[None, :] < counts[:, None]
+        top = int(counts.max())
+        shift = top - counts
+
+        def grow(old: torch.Tensor, new: torch.Tensor, slot_dim: int) -> torch.Tensor:
+            both = torch.cat([old, new], dim=slot_dim)
+            if slot_dim == 2:  # [b, heads, slots, d] -> slots on dim 1 for right_align
+                return right_align(both.transpose(1, 2), shift, top - q).transpose(1, 2)
+            return right_align(both, shift, top - q)
+
+        self.kv = [(grow(k, nk, 2), grow(v, nv, 2)) for (k, v), (nk, nv) in zip(self.kv, new_kv)]
+        self.positions = grow(self.positions, positions, 1)
+        self.valid = grow(self.valid, valid, 1)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.kv = [(k[rows], v[rows]) for k, v in self.kv]
+        self.positions, self.valid = self.positions[rows], self.valid[rows]
+
+    def _block_mask(self, block_positions: torch.Tensor) -> torch.Tensor:
+        """[b, 1, B, S + B]: context strictly before the anchor and inside the window; the block
+        sees itself bidirectionally."""
+        ctx = self.valid[:, None, :].expand(-1, block_positions.shape[1], -1)                # [b, B, S]
+        if self.window:
+            distance = block_positions[:, :, None] - self.positions[:, None, :]
+            ctx = ctx & (distance < self.window)
+        block = torch.ones(*block_positions.shape, block_positions.shape[1], dtype=torch.bool,
+                           device=ctx.device)
+        return torch.cat([ctx, block], dim=-1)[:, None]
+
+    def propose(self, anchors: torch.Tensor, start_positions: torch.Tensor, block_size: int,
+                temperature: float, generator: torch.Generator | None = None) -> Proposal:
+        draft = self.draft
+        b = anchors.shape[0]
+        mask_token = draft.config.mask_token_id
+        with torch.inference_mode(), self.stopwatch("draft"):
+            block_ids = torch.full((b, 1, block_size), mask_token, dtype=torch.long, device=anchors.device)
+            block_ids[:, 0, 0] = anchors
+            positions = start_positions[:, None, None] + torch.arange(block_size, device=anchors.device)  # [b, 1, B]
+            hidden = draft.forward_blocks(block_ids, positions, self.kv, self._block_mask(positions[:, 0]))
+            hidden = hidden[:, 0, 1:]                                             # [b, T, H] positions 1..B-1
+            logits = draft.logits(hidden)                                          # [b, T, V]
+        with torch.inference_mode(), self.stopwatch("selector"):
+            selector = draft.selector
+            if selector is not None:
+                cand_logits, cand_ids = logits.topk(min(selector.top_k, logits.shape[-1]), dim=-1)
+                scores = selector.pair_scores(hidden, anchors, cand_ids, cand_logits)
+                path = selector.walk(scores, cand_ids, temperature, generator)
+                q = None if path.q is None else dense_q(cand_ids, path.q, logits.shape[-1])
+                return Proposal(path.tokens, q)
+            if temperature <= 0:
+                return Proposal(logits.argmax(dim=-1), None)
+            q = torch.softmax(logits / temperature, dim=-1)
+            tokens = torch.multinomial(q.view(-1, q.shape[-1]), 1, generator=generator).view(b, -1)
+            return Proposal(tokens, q)

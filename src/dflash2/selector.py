@@ -1,0 +1,86 @@
+"""Path selector over the draft's top-K candidates (DFlash2, SPEC §2.4).
+
+Contract: for block positions t = 1..B-1 with draft hidden states h_t (after the final norm) and
+top-K candidates c_t with unary scores U_t (the draft logits),
+
+    S_t(a, b) = U_t(b) + sum_r A[a, r] * (W_h h_t)_r * B[b, r]
+
+where A / B are the predecessor / successor codebooks [V, r]. `pair_scores` computes all K x K
+scores of all positions in one batched product (the predecessor of position 1 is the anchor).
+`walk` then goes once left to right: greedy takes the arg-max successor of the chosen predecessor
+(ties to the lower index); sampling at temperature T draws from q_t = softmax(S_t(prev, .) / T)
+and returns q_t, so acceptance can be exact. Initialisation: successor codebook 0 and predecessor
+~ N(0, 0.02), so a fresh selector scores exactly the plain logits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class SelectedPath:
+    tokens: torch.Tensor         # [b, T] chosen draft token ids for block positions 1..T
+    candidate_ids: torch.Tensor  # [b, T, K] the candidate lists the tokens were chosen from
+    q: torch.Tensor | None       # [b, T, K] distribution each token was drawn from (None: greedy)
+
+
+class CandidateSelector(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int, rank: int = 256, top_k: int = 16):
+        super().__init__()
+        self.top_k = top_k
+        self.predecessor_codebook = nn.Parameter(torch.empty(vocab_size, rank))
+        self.successor_codebook = nn.Parameter(torch.empty(vocab_size, rank))
+        self.hidden_projection = nn.Linear(hidden_size, rank, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.predecessor_codebook, std=0.02)
+        nn.init.zeros_(self.successor_codebook)
+        nn.init.normal_(self.hidden_projection.weight, std=0.02)
+
+    def scores_given_predecessors(self, hidden: torch.Tensor, predecessor_ids: torch.Tensor,
+                                  candidate_ids: torch.Tensor, candidate_logits: torch.Tensor) -> torch.Tensor:
+        """Scores of K candidates given P predecessors per position.
+
+        hidden [..., H], predecessor_ids [..., P], candidate_ids / candidate_logits [..., K]
+        -> scores [..., P, K] (fp32).
+        """
+        gate = self.hidden_projection(hidden).float()                       # [..., r]
+        pred = self.predecessor_codebook[predecessor_ids].float() * gate.unsqueeze(-2)  # [..., P, r]
+        succ = self.successor_codebook[candidate_ids].float()               # [..., K, r]
+        return candidate_logits.float().unsqueeze(-2) + pred @ succ.transpose(-1, -2)
+
+    def pair_scores(self, hidden: torch.Tensor, anchor_ids: torch.Tensor, candidate_ids: torch.Tensor,
+                    candidate_logits: torch.Tensor) -> torch.Tensor:
+        """All pair scores of a block: hidden [b, T, H], anchor_ids [b], candidates [b, T, K]
+        -> [b, T, K_prev, K]; row i of position t is predecessor candidate_ids[:, t-1, i]
+        (for t = 0 every row is the anchor)."""
+        k = candidate_ids.shape[-1]
+        anchor = anchor_ids[:, None, None].expand(-1, 1, k)                     # [b, 1, K]
+        predecessors = torch.cat([anchor, candidate_ids[:, :-1]], dim=1)          # [b, T, K]
+        return self.scores_given_predecessors(hidden, predecessors, candidate_ids, candidate_logits)
+
+    @staticmethod
+    def walk(scores: torch.Tensor, candidate_ids: torch.Tensor, temperature: float = 0.0,
+             generator: torch.Generator | None = None) -> SelectedPath:
+        """Left-to-right walk through pair scores [b, T, K, K]; returns the chosen path."""
+        b, t_len, k, _ = scores.shape
+        rows = torch.arange(b, device=scores.device)
+        prev = torch.zeros(b, dtype=torch.long, device=scores.device)
+        chosen, dists = [], []
+        for t in range(t_len):
+            row = scores[rows, t, prev]                                         # [b, K]
+            if temperature <= 0:
+                pick = row.argmax(dim=-1)  # first maximum: ties go to the lower index
+            else:
+                q = torch.softmax(row / temperature, dim=-1)
+                pick = torch.multinomial(q, 1, generator=generator).squeeze(-1)
+                dists.append(q)
+            chosen.append(pick)
+            prev = pick
+        picks = torch.stack(chosen, dim=1)                                       # [b, T]
+        tokens = candidate_ids.gather(-1, picks.unsqueeze(-1)).squeeze(-1)
+        return SelectedPath(tokens, candidate_ids, torch.stack(dists, dim=1) if dists else None)

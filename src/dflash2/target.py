@@ -1,0 +1,158 @@
+"""Target adapter: a Hugging Face causal LM as the verifier of speculative decoding (SPEC §3).
+
+Contract:
+- `TargetAdapter(model, target_layer_ids)` wraps Llama-, Qwen3-, Gemma3-style (and any other
+  attention-only) HF causal LMs. Targets whose cache cannot be rolled back (recurrent / linear
+  attention layers) are refused with a `DFlash2Error`.
+- The batch lives in one KV cache, left-padded: every row's tokens are contiguous and end at the
+  right edge, so a sliding window in slot space equals the window in token positions. The adapter
+  keeps the matching 2-D attention mask and each row's next position.
+- `prefill(ids, lengths)` runs the prompts; `step(ids)` runs `q` new tokens per row (q = 1 for
+  autoregressive decoding, q = B for block verification). Both return fp32 logits [b, q, V] and the
+  tapped features [b, q, n_taps * H] (outputs of decoder layers `target_layer_ids`, before the final
+  norm, i.e. HF `hidden_states[l + 1]`).
+- `keep(counts)` keeps the first `counts[r]` of the last step's q tokens of row r and drops the
+  rest (rollback after rejection), re-aligning rows that kept different counts.
+- `select_rows(rows)` drops finished sequences from the batch.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+from dflash2.errors import require
+from dflash2.ragged import right_align
+
+_RECURRENT_LAYER_TYPES = ("linear_attention", "mamba", "conv", "recurrent", "mamba2", "gated_deltanet")
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    return decoder.layers
+
+
+class TargetAdapter:
+    def __init__(self, model, target_layer_ids: list[int] | None = None):
+        self.model = model
+        self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        layer_types = getattr(self.config, "layer_types", None) or []
+        recurrent = sorted({t for t in layer_types if t in _RECURRENT_LAYER_TYPES})
+        require(not recurrent, f"target '{self.config.model_type}' has recurrent layers ({', '.join(recurrent)}): "
+                               "its cache cannot be rolled back after a rejected draft, so it is not supported")
+        self.layers = decoder_layers(model)
+        self.target_layer_ids = list(target_layer_ids or [])
+        for layer_id in self.target_layer_ids:
+            require(0 <= layer_id < len(self.layers),
+                    f"target_layer_ids has {layer_id}, outside the target's {len(self.layers)} layers")
+        self._captured: dict[int, torch.Tensor] = {}
+        self._hooks = [self.layers[i].register_forward_hook(self._capture_hook(i)) for i in self.target_layer_ids]
+        self.cache: DynamicCache | None = None
+        self.mask: torch.Tensor | None = None        # [b, slots] 1 = real token
+        self.next_position: torch.Tensor | None = None  # [b]
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_positions(self) -> int:
+        return getattr(self.config, "max_position_embeddings", 1 << 30)
+
+    def embed_weight(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+    def _capture_hook(self, layer_id: int):
+        def hook(_module, _inputs, output):
+            self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    # ------------------------------------------------------------------ forward passes
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self._captured.clear()
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=positions,
+                             past_key_values=self.cache, use_cache=True)
+        features = None
+        if self.target_layer_ids:
+            features = torch.cat([self._captured[i] for i in self.target_layer_ids], dim=-1)
+        self._captured.clear()
+        return out.logits.float(), features
+
+    def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run left-padded prompts; returns logits / features [b, L, ...] (pads included)."""
+        require(all(len(p) > 0 for p in prompts), "empty prompt: give at least one token")
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        self.cache = DynamicCache(config=self.model.config)
+        self.cache.activate_past_recording()  # sliding-window layers must be able to roll back
+        self.mask = mask
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        self.next_position = mask.sum(-1)
+        return self._forward(ids, positions)
+
+    def step(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed ids [b, q] at each row's next positions (the cache keeps them until `keep`)."""
+        q = ids.shape[1]
+        positions = self.next_position[:, None] + torch.arange(q, device=ids.device)
+        self.mask = F.pad(self.mask, (0, q), value=1)
+        return self._forward(ids, positions)
+
+    # ------------------------------------------------------------------ cache bookkeeping
+    def keep(self, counts: torch.Tensor, q: int) -> None:
+        """Keep the first counts[r] (0..q) of the last step's q tokens of each row."""
+        counts = counts.to(self.device)
+        self.next_position = self.next_position + counts
+        top = int(counts.max())
+        if bool((counts == top).all()):
+            if top < q:
+                self.cache.crop(top - q)
+                self.mask = self.mask[:, : top - q]
+            return
+        # Rows kept different counts: shift each row right so all rows end at the right edge again.
+        shift = top - counts                                   # [b] extra left padding per row
+        self.mask = right_align(self.mask, shift, top - q)
+        for layer in self.cache.layers:
+            require(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer),
+                    f"cache layer {type(layer).__name__} cannot be rolled back per row")
+            # keys / values [b, heads, slots, d] -> [b, slots, heads, d] so slots sit on dim 1
+            keys = right_align(layer.keys.transpose(1, 2), shift, top - q).transpose(1, 2)
+            values = right_align(layer.values.transpose(1, 2), shift, top - q).transpose(1, 2)
+            if isinstance(layer, DynamicSlidingWindowLayer):
+                layer.cumulative_length += top - q
+                keep = layer.sliding_window - 1
+                if layer.cumulative_length >= layer.sliding_window:
+                    keys, values = keys[:, :, -keep:], values[:, :, -keep:]
+            layer.keys, layer.values = keys.contiguous(), values.contiguous()
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        rows = rows.to(self.device)
+        self.cache.batch_select_indices(rows)
+        self.mask = self.mask[rows]
+        self.next_position = self.next_position[rows]
+
+    def reset(self) -> None:
+        self.cache = self.mask = self.next_position = None

