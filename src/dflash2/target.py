@@ -14,6 +14,7 @@ Contract:
 - `keep(counts)` keeps the first `counts[r]` of the last step's q tokens of row r and drops the
   rest (rollback after rejection), re-aligning rows that kept different counts.
 - `select_rows(rows)` drops finished sequences from the batch.
+- `features(input_ids, attention_mask)` is the cache-free pass used by training.
 """
 from __future__ import annotations
 
@@ -96,6 +97,21 @@ class TargetAdapter:
             features = torch.cat([self._captured[i] for i in self.target_layer_ids], dim=-1)
         self._captured.clear()
         return out.logits.float(), features
+
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 with_logits: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Cache-free pass for training: tapped features [b, L, n_taps * H] (and fp32 logits).
+        Runs under no_grad (not inference_mode) so the features can feed a training graph."""
+        self._captured.clear()
+        with torch.no_grad():
+            if with_logits:
+                logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits.float()
+            else:  # stop after the deepest tapped layer would need model surgery; the LM head is skipped at least
+                self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+                logits = None
+        features = torch.cat([self._captured[i] for i in self.target_layer_ids], dim=-1)
+        self._captured.clear()
+        return logits, features
 
     def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run left-padded prompts; returns logits / features [b, L, ...] (pads included)."""

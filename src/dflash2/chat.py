@@ -1,0 +1,57 @@
+"""Prompt encoding for chat and base models.
+
+Contract:
+- `encode_messages(tokenizer, messages)` turns `[{"role": ..., "content": ...}, ...]` into the
+  token ids the target expects before its answer: the tokenizer's chat template with the
+  generation prompt when it has one; otherwise (base models) the contents joined by blank lines,
+  with the tokenizer's usual special tokens (e.g. BOS).
+- `encode_prompt(tokenizer, text, chat=None)` does the same for one user message; `chat=False`
+  forces plain text, `chat=None` uses the template when there is one.
+- `stop_token_ids(tokenizer, model_config)` collects the ids that end an answer (EOS and, for chat
+  models, the end-of-turn token), so generation stops where the model's own `generate` would.
+"""
+from __future__ import annotations
+
+from dflash2.errors import require
+
+
+def has_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def encode_messages(tokenizer, messages: list[dict], chat: bool | None = None) -> list[int]:
+    require(bool(messages), "empty prompt: no messages given")
+    for i, message in enumerate(messages):
+        require(isinstance(message, dict) and isinstance(message.get("content"), str),
+                f"message {i} must be an object with a string 'content'")
+        require(message.get("role") in ("system", "user", "assistant"),
+                f"message {i} has role {message.get('role')!r}; expected system, user or assistant")
+    require(any(m["content"].strip() for m in messages), "empty prompt: the messages have no text")
+    use_template = has_chat_template(tokenizer) if chat is None else chat
+    if use_template:
+        require(has_chat_template(tokenizer), "this tokenizer has no chat template; pass chat=False (--no-chat)")
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+    text = "\n\n".join(m["content"] for m in messages)
+    return tokenizer(text)["input_ids"]
+
+
+def encode_prompt(tokenizer, text: str, chat: bool | None = None) -> list[int]:
+    require(isinstance(text, str) and text.strip() != "", "empty prompt: give some text")
+    return encode_messages(tokenizer, [{"role": "user", "content": text}], chat)
+
+
+def stop_token_ids(tokenizer, model_config=None) -> tuple[int, ...]:
+    ids: set[int] = set()
+    for source in (getattr(model_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    for token in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>"):
+        token_id = tokenizer.convert_tokens_to_ids(token) if token in tokenizer.get_vocab() else None
+        if isinstance(token_id, int):
+            ids.add(token_id)
+    return tuple(sorted(ids))
