@@ -200,11 +200,7 @@ class DFlash2DraftModel(nn.Module):
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32,
                         device: str | torch.device = "cpu") -> "DFlash2DraftModel":
         path = Path(path)
-        require((path / "config.json").is_file(), f"draft checkpoint '{path}' has no config.json")
-        try:
-            config = DFlash2Config.from_dict(json.loads((path / "config.json").read_text()))
-        except json.JSONDecodeError as err:
-            raise DFlash2Error(f"draft config '{path / 'config.json'}' is not valid JSON: {err}") from None
+        config = read_config(path)
         files = sorted(path.glob("*.safetensors"))
         require(bool(files), f"draft checkpoint '{path}' has no .safetensors weights")
         state = {}
@@ -226,6 +222,16 @@ class DFlash2DraftModel(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def read_config(path: str | Path) -> DFlash2Config:
+    """Read and validate a checkpoint's config.json (one-line errors)."""
+    file = Path(path) / "config.json"
+    require(file.is_file(), f"draft checkpoint '{path}' has no config.json")
+    try:
+        return DFlash2Config.from_dict(json.loads(file.read_text()))
+    except json.JSONDecodeError as err:
+        raise DFlash2Error(f"draft config '{file}' is not valid JSON: {err}") from None
 
 
 def init_linear_weights(model: DFlash2DraftModel, std: float = 0.02) -> None:

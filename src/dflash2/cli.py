@@ -1,0 +1,208 @@
+"""The `dflash2` command line.
+
+Contract: `main(argv)` dispatches subcommands and returns an exit status. Every `DFlash2Error`
+(bad input) is printed as one line, `error: ...`, with exit status 2 and no traceback.
+
+    dflash2 generate --prompt TEXT [--target smollm2] [--draft DIR | --no-draft] [--compare] [--json]
+    dflash2 init-draft --target T --out DIR [--layers 5] [--block-size 8] [--no-conv] [--no-selector]
+    dflash2 convert-target NAME            # convert a built-in GGUF target once, into the cache
+    dflash2 regenerate ... / train ... / bench ... / analyze ...   (see each command's --help)
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+
+from dflash2.errors import DFlash2Error, require
+
+# Subcommands implemented in their own modules: name -> (module, help).
+_DELEGATED = {
+    "regenerate": ("dflash2.regenerate", "regenerate training responses with the target"),
+    "train": ("dflash2.training.trainer", "train a draft from a YAML config"),
+    "bench": ("dflash2.bench", "benchmark acceptance length, speed and losslessness"),
+    "analyze": ("dflash2.analyze", "analyse a draft: recall, oracle selector, suffix decay"),
+}
+
+
+def _generate_parser(sub) -> None:
+    p = sub.add_parser("generate", help="speculative generation with a target and a draft")
+    p.add_argument("--prompt", help="user prompt text")
+    p.add_argument("--messages", help="JSON file with a list of {role, content} chat messages")
+    p.add_argument("--target", default="smollm2", help="built-in name (smollm2, gemma3), local HF dir or hub id")
+    p.add_argument("--draft", help="draft checkpoint directory (default: the shipped draft for the target)")
+    p.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding (baseline)")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--compare", action="store_true", help="also run the autoregressive baseline and compare")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def _init_draft_parser(sub) -> None:
+    p = sub.add_parser("init-draft", help="write a correctly shaped, untrained draft for a target")
+    p.add_argument("--target", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--layers", type=int, default=5)
+    p.add_argument("--block-size", type=int, default=8)
+    p.add_argument("--selector-rank", type=int, default=256)
+    p.add_argument("--selector-top-k", type=int, default=16)
+    p.add_argument("--intermediate-size", type=int, default=None)
+    p.add_argument("--no-conv", action="store_true", help="no convolutions (with --no-selector: DFlash v1)")
+    p.add_argument("--no-selector", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dflash2", description="DFlash2 speculative decoding")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _generate_parser(sub)
+    _init_draft_parser(sub)
+    p = sub.add_parser("convert-target", help="convert a built-in GGUF target into the cache (once)")
+    p.add_argument("name")
+    p.add_argument("--force", action="store_true")
+    for name, (_module, help_text) in _DELEGATED.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def cmd_generate(args) -> int:
+    from dflash2.chat import encode_messages, encode_prompt
+    from dflash2.engine import GenerationConfig
+    from dflash2.loading import load_decoder
+
+    require((args.prompt is None) != (args.messages is None), "give exactly one of --prompt or --messages")
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                              top_k=args.top_k, block_size=args.block_size, seed=args.seed)
+    config.validate()
+    if args.prompt is not None:
+        require(args.prompt.strip() != "", "empty prompt: --prompt has no text")
+    pipe = load_decoder(args.target, args.draft, args.device, args.dtype, args.no_draft)
+    chat = False if args.no_chat else None
+    if args.messages:
+        try:
+            messages = json.loads(open(args.messages, encoding="utf-8").read())
+        except (OSError, json.JSONDecodeError) as err:
+            raise DFlash2Error(f"--messages '{args.messages}': {err}") from None
+        require(isinstance(messages, list), f"--messages '{args.messages}' must hold a JSON list of messages")
+        ids = encode_messages(pipe.tokenizer, messages, chat)
+    else:
+        ids = encode_prompt(pipe.tokenizer, args.prompt, chat)
+    config.stop_token_ids = pipe.stop_token_ids
+    if not args.json:
+        print(f"# target: {args.target} | draft: {pipe.draft_description}", file=sys.stderr)
+        if not pipe.trained_draft and not args.no_draft:
+            print("# note: no trained draft ships for this target yet, so acceptance will be low; output is "
+                  "still exactly the target's", file=sys.stderr)
+    result = _run_streaming(pipe, ids, config, echo=not args.json)
+    report = _report(pipe, result)
+    if args.compare:
+        baseline = type(pipe.decoder)(pipe.decoder.target).generate([ids], config)[0]
+        tps = baseline.stats.new_tokens / baseline.stats.total_seconds
+        report.update(baseline_tokens_per_second=tps, speedup=report["tokens_per_second"] / tps,
+                      identical=baseline.tokens == result.tokens)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_report(report)
+    return 0
+
+
+def _run_streaming(pipe, ids, config, echo: bool):
+    """Decode one prompt, printing text as it is committed; returns the GenerationResult."""
+    tokens: list[int] = []
+    printed = ""
+    result = None
+    for _row, new, final in pipe.decoder._decode([ids], config):
+        tokens += new
+        if echo:
+            text = pipe.tokenizer.decode(tokens, skip_special_tokens=True)
+            print(text[len(printed):], end="", flush=True)
+            printed = text
+        if final is not None:
+            result = final
+    if echo:
+        print()
+    return result
+
+
+def _report(pipe, result) -> dict:
+    stats = result.stats.as_dict()
+    return {
+        "text": pipe.tokenizer.decode(result.tokens, skip_special_tokens=True),
+        "new_tokens": stats["new_tokens"], "finish_reason": result.finish_reason,
+        "acceptance_length": stats["acceptance_length"], "tokens_per_second": stats["tokens_per_second"],
+        "cycles": stats["cycles"], "histogram": stats["histogram"],
+        "position_acceptance": stats["position_acceptance"], "phase_seconds": stats["phase_seconds"],
+        "draft": pipe.draft_description,
+    }
+
+
+def _print_report(report: dict) -> None:
+    print("---")
+    print(f"new tokens: {report['new_tokens']} ({report['finish_reason']}) | cycles: {report['cycles']} | "
+          f"acceptance length: {report['acceptance_length']:.2f} | {report['tokens_per_second']:.1f} tok/s")
+    if report["cycles"]:
+        hist = " ".join(f"{k}:{v}" for k, v in report["histogram"].items())
+        pos = " ".join(f"{p:.2f}" for p in report["position_acceptance"])
+        print(f"tokens per cycle histogram: {hist}")
+        print(f"acceptance by block position: {pos}")
+    phases = " ".join(f"{k}={v:.3f}s" for k, v in report["phase_seconds"].items())
+    print(f"time: {phases}")
+    if "speedup" in report:
+        print(f"baseline: {report['baseline_tokens_per_second']:.1f} tok/s | speedup: {report['speedup']:.2f}x | "
+              f"identical to baseline: {report['identical']}")
+
+
+def cmd_init_draft(args) -> int:
+    from dflash2.loading import new_draft
+    from dflash2.targets import load_target
+
+    model, tokenizer = load_target(args.target)
+    shape = {"intermediate_size": args.intermediate_size} if args.intermediate_size else {}
+    draft = new_draft(model, tokenizer, num_hidden_layers=args.layers, block_size=args.block_size,
+                      use_conv=not args.no_conv, use_selector=not args.no_selector, selector_rank=args.selector_rank,
+                      selector_top_k=args.selector_top_k, seed=args.seed, **shape)
+    draft.save_pretrained(args.out)
+    c = draft.config
+    print(f"wrote untrained {c.architecture} to {args.out}: {draft.num_parameters() / 1e6:.1f} M parameters, "
+          f"{c.num_hidden_layers} layers, target layers {c.target_layer_ids}, mask token {c.mask_token_id}")
+    return 0
+
+
+def cmd_convert_target(args) -> int:
+    from dflash2.targets import convert_builtin
+
+    start = time.perf_counter()
+    path = convert_builtin(args.name, force=args.force)
+    print(f"{args.name}: {path} ({time.perf_counter() - start:.1f} s)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in _DELEGATED:
+            module = importlib.import_module(_DELEGATED[argv[0]][0])
+            return int(module.main(argv[1:]) or 0)
+        args = build_parser().parse_args(argv)
+        handler = {"generate": cmd_generate, "init-draft": cmd_init_draft, "convert-target": cmd_convert_target}
+        return handler[args.command](args)
+    except DFlash2Error as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Putting a target and a draft together: what every command (generate, bench, analyze,
+regenerate) does first.
+
+Contract:
+- `choose_mask_token(tokenizer, vocab_size)`: a token id that never appears in text the target
+  writes, for the block's MASK slots: the tokenizer's mask token, else an added special token
+  named like a mask or left unused by chat formatting, else the last vocabulary id.
+- `new_draft(model, tokenizer, **shape)`: a correctly shaped, freshly initialised (untrained) draft.
+- `shipped_draft_path(target_name)`: the trained draft shipped in the package for a built-in
+  target, or None.
+- `load_decoder(target, draft, device, dtype, no_draft)` -> `Pipeline` with the decoder, the
+  tokenizer, the stop tokens and a one-line description of the draft in use ("untrained" when no
+  trained draft exists for that target).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from dflash2.chat import stop_token_ids
+from dflash2.config import DFlash2Config
+from dflash2.draft import DFlash2DraftModel, init_linear_weights, read_config
+from dflash2.engine import SpeculativeDecoder
+from dflash2.errors import require
+from dflash2.target import TargetAdapter
+from dflash2.targets import BUILTIN_TARGETS, load_target
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+_CHAT_TOKENS = re.compile(r"im_start|im_end|start_of_turn|end_of_turn|bos|eos|pad|endoftext|begin_of|eot")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    require(name in DTYPES, f"unknown dtype '{name}' (choose from float32, bfloat16, float16)")
+    return DTYPES[name]
+
+
+def choose_mask_token(tokenizer, vocab_size: int) -> int:
+    if getattr(tokenizer, "mask_token_id", None) is not None and tokenizer.mask_token_id < vocab_size:
+        return int(tokenizer.mask_token_id)
+    added = {tok: idx for tok, idx in tokenizer.get_added_vocab().items() if idx < vocab_size}
+    for tok, idx in sorted(added.items(), key=lambda item: item[1]):
+        if "mask" in tok.lower():
+            return idx
+    unused = [idx for tok, idx in added.items() if not _CHAT_TOKENS.search(tok.lower())]
+    return max(unused) if unused else vocab_size - 1
+
+
+def new_draft(model, tokenizer, *, num_hidden_layers: int = 5, block_size: int = 8, use_conv: bool = True,
+              use_selector: bool = True, selector_rank: int = 256, selector_top_k: int = 16,
+              seed: int = 0, **shape) -> DFlash2DraftModel:
+    config = DFlash2Config.for_target(model.config, num_hidden_layers=num_hidden_layers, block_size=block_size,
+                                      mask_token_id=choose_mask_token(tokenizer, model.config.get_text_config().vocab_size),
+                                      use_conv=use_conv, use_selector=use_selector, selector_rank=selector_rank,
+                                      selector_top_k=selector_top_k, **shape)
+    torch.manual_seed(seed)
+    draft = DFlash2DraftModel(config)
+    init_linear_weights(draft)
+    return draft.eval()
+
+
+def shipped_draft_path(target_name: str) -> Path | None:
+    path = Path(str(resources.files("dflash2") / "checkpoints" / f"{target_name}-dflash2"))
+    return path if (path / "config.json").is_file() else None
+
+
+@dataclass
+class Pipeline:
+    decoder: SpeculativeDecoder
+    tokenizer: object
+    stop_token_ids: tuple[int, ...]
+    draft_description: str
+    trained_draft: bool
+
+
+def load_decoder(target: str = "smollm2", draft: str | None = None, device: str = "cpu",
+                 dtype: str = "float32", no_draft: bool = False) -> Pipeline:
+    torch_dtype = parse_dtype(dtype)
+    if draft is not None and not no_draft:  # fail on a bad draft before the (slow) target load
+        require(Path(draft).is_dir(), f"draft '{draft}' is not a directory with config.json and weights")
+        read_config(draft)
+    require(device == "cpu" or device.startswith("cuda") or device == "mps", f"unknown device '{device}'")
+    require(not device.startswith("cuda") or torch.cuda.is_available(), f"device '{device}' requested but CUDA is not available")
+    model, tokenizer = load_target(target, device=device, dtype=torch_dtype)
+    stops = stop_token_ids(tokenizer, model.config)
+    if no_draft:
+        return Pipeline(SpeculativeDecoder(TargetAdapter(model)), tokenizer, stops, "none (autoregressive)", False)
+    trained = True
+    if draft is None:
+        shipped = shipped_draft_path(target) if target in BUILTIN_TARGETS else None
+        if shipped is None:
+            draft_model = new_draft(model, tokenizer)
+            description, trained = f"untrained DFlash2 draft for '{target}' (no trained draft ships for it yet)", False
+        else:
+            draft_model, description = DFlash2DraftModel.from_pretrained(shipped, torch_dtype, device), f"shipped {shipped.name}"
+    else:
+        draft_model, description = DFlash2DraftModel.from_pretrained(draft, torch_dtype, device), f"{draft}"
+    draft_model = draft_model.to(device=device, dtype=torch_dtype)
+    kind = "DFlash2" if draft_model.config.is_dflash2 else "DFlash v1"
+    adapter = TargetAdapter(model, draft_model.config.target_layer_ids)
+    return Pipeline(SpeculativeDecoder(adapter, draft_model), tokenizer, stops, f"{description} [{kind}]", trained)

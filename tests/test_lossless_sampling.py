@@ -1,0 +1,143 @@
+"""Sampled speculative output follows the target's processed distribution exactly.
+
+Method: a tiny-vocabulary target (V = 8) and a random DFlash2 draft whose selector samples among
+its top-4 candidates (so the residual rule off the candidates is exercised). 20,000 sequences of 3
+new tokens are decoded in one batch; their joint distribution over the 512 possible triples is
+compared with the exact one, computed by enumeration from the target's logits with an independent
+(numpy) implementation of temperature / top-k / top-p. Pearson chi-square, cells with expected
+count < 5 pooled; the test fails at p < 1e-3, i.e. a correct sampler fails it with probability
+1e-3 for a random seed (the seeds here are fixed, so the outcome is deterministic). The same test
+is run on deliberately broken acceptance rules and must reject them: it has power.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import dflash2.engine as engine_module
+from dflash2.acceptance import sample_accept
+from dflash2.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.target import TargetAdapter
+from dflash2.tiny import tiny_draft, tiny_target
+
+VOCAB = 8
+SAMPLES = 20_000
+ALPHA = 1e-3
+PROMPT = [3, 5, 1, 6]
+SETTINGS = [
+    dict(temperature=1.0, top_p=1.0, top_k=0),
+    dict(temperature=0.7, top_p=1.0, top_k=5),
+    dict(temperature=1.3, top_p=0.8, top_k=0),
+    dict(temperature=1.0, top_p=0.9, top_k=6),
+]
+
+
+def reference_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """Independent numpy reference of the target's processed distribution (one position)."""
+    scores = logits.astype(np.float64) / temperature
+    if 0 < top_k < len(scores):
+        kth = np.sort(scores)[::-1][top_k - 1]
+        scores = np.where(scores < kth, -np.inf, scores)
+    probs = np.exp(scores - scores.max())
+    probs /= probs.sum()
+    if top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        keep = np.zeros_like(probs, dtype=bool)
+        mass = 0.0
+        for token in order:
+            keep[token] = True
+            mass += probs[token]
+            if mass >= top_p:
+                break
+        probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum()
+    return probs
+
+
+def exact_joint(target, setting) -> np.ndarray:
+    """P(t1, t2, t3 | PROMPT) for all VOCAB^3 triples, by enumeration."""
+    pairs = list(itertools.product(range(VOCAB), repeat=2))
+    ids = torch.tensor([PROMPT + [a, b] for a, b in pairs])
+    with torch.no_grad():
+        logits = target(input_ids=ids).logits.double().numpy()
+    n = len(PROMPT)
+    p1 = reference_probs(logits[0, n - 1], **_args(setting))
+    joint = np.zeros((VOCAB,) * 3)
+    for row, (a, b) in enumerate(pairs):
+        p2 = reference_probs(logits[row, n], **_args(setting))
+        p3 = reference_probs(logits[row, n + 1], **_args(setting))
+        joint[a, b] = p1[a] * p2[b] * p3
+    return joint.reshape(-1)
+
+
+def _args(setting):
+    return dict(temperature=setting["temperature"], top_k=setting["top_k"], top_p=setting["top_p"])
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_target("qwen3", vocab_size=VOCAB, seed=3)
+    draft = tiny_draft(target, block_size=4, top_k=4, seed=4)
+    return target, draft
+
+
+def sample_triples(target, draft, setting, seed=0) -> np.ndarray:
+    adapter = TargetAdapter(target, None if draft is None else draft.config.target_layer_ids)
+    decoder = SpeculativeDecoder(adapter, draft)
+    config = GenerationConfig(max_new_tokens=3, seed=seed, **setting)
+    results = decoder.generate([PROMPT] * SAMPLES, config)
+    triples = np.array([r.tokens for r in results])
+    return triples[:, 0] * VOCAB * VOCAB + triples[:, 1] * VOCAB + triples[:, 2]
+
+
+def chi_square_pvalue(cells: np.ndarray, probs: np.ndarray) -> float:
+    observed = np.bincount(cells, minlength=len(probs)).astype(float)
+    expected = probs * len(cells)
+    assert observed[expected == 0].sum() == 0, "sampled a triple the target gives probability 0"
+    small = (expected < 5) & (expected > 0)
+    big = expected >= 5
+    obs = np.append(observed[big], observed[small].sum())
+    exp = np.append(expected[big], expected[small].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return float(chisquare(obs, exp).pvalue)
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: f"T{s['temperature']}-p{s['top_p']}-k{s['top_k']}")
+def test_speculative_sampling_matches_target_distribution(models, setting):
+    target, draft = models
+    pvalue = chi_square_pvalue(sample_triples(target, draft, setting), exact_joint(target, setting))
+    assert pvalue > ALPHA, f"sampled distribution differs from the target's (p = {pvalue:.2e})"
+
+
+def test_autoregressive_sampling_matches_target_distribution(models):
+    target, _ = models
+    setting = SETTINGS[2]
+    pvalue = chi_square_pvalue(sample_triples(target, None, setting), exact_joint(target, setting))
+    assert pvalue > ALPHA
+
+
+def accept_ignoring_q(draft, p, q, generator=None):
+    """Broken: accept with probability p(d) instead of min(1, p/q)."""
+    return sample_accept(draft, p, torch.ones_like(q), generator)
+
+
+def resample_from_p(draft, p, q, generator=None):
+    """Broken: on rejection draw from p instead of the residual max(p - q, 0)."""
+    accepted, _ = sample_accept(draft, p, q, generator)
+    rows = torch.arange(draft.shape[0])
+    position = accepted.clamp(max=draft.shape[1])
+    return accepted, torch.multinomial(p[rows, position], 1, generator=generator)[:, 0]
+
+
+@pytest.mark.parametrize("broken_rule", [accept_ignoring_q, resample_from_p])
+def test_the_test_rejects_broken_acceptance_rules(models, monkeypatch, broken_rule):
+    target, draft = models
+    setting = SETTINGS[0]
+    monkeypatch.setattr(engine_module, "sample_accept", broken_rule)
+    pvalue = chi_square_pvalue(sample_triples(target, draft, setting), exact_joint(target, setting))
+    assert pvalue < ALPHA, f"broken rule {broken_rule.__name__} was not detected (p = {pvalue:.2e})"
