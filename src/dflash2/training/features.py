@@ -1,0 +1,98 @@
+"""Target features for training: online capture through forward hooks, with an optional disk cache.
+
+Contract:
+- `FeatureSource(adapter, cache_dir=None, cache_tag="")` is called with a `Batch` and returns the
+  tapped target features [b, L, n_taps * H_t] for its (right-padded) sequences, computed by the
+  frozen target under no_grad (`TargetAdapter.features`: decoder-layer outputs before the final
+  norm). Padding positions hold arbitrary values; the block mask never lets a block see them.
+- With `cache_dir`, each sequence's features [L_i, F] are stored once as
+  `<cache_dir>/<tag>/<index // 1000>/<index>.safetensors` (atomic writes) and read back on later
+  epochs / runs instead of running the target. `tag` must identify everything the features depend
+  on (target, tapped layers, dtype, max_seq_len); `cache_tag(...)` builds one. A cached entry whose
+  length or width does not match is recomputed. Rows missing from the cache are computed together
+  in one target pass.
+- The target sees exactly `batch.input_ids` / `batch.attention_mask` (positions 0..L_i-1, right
+  padding), so cached and online features describe the same tokens.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save
+
+from dflash2.fileio import atomic_write
+from dflash2.target import TargetAdapter
+from dflash2.training.batches import Batch
+
+
+def cache_tag(target_name: str, target_layer_ids: list[int], dtype: torch.dtype, max_seq_len: int) -> str:
+    """Short stable id of what cached features depend on."""
+    text = json.dumps({"target": str(target_name), "layers": list(target_layer_ids), "dtype": str(dtype),
+                       "max_seq_len": max_seq_len}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class FeatureSource:
+    def __init__(self, adapter: TargetAdapter, cache_dir: str | Path | None = None, tag: str = "features"):
+        self.adapter = adapter
+        self.root = Path(cache_dir) / tag if cache_dir else None
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def width(self) -> int:
+        return len(self.adapter.target_layer_ids) * self.adapter.config.hidden_size
+
+    def _path(self, index: int) -> Path:
+        return self.root / f"{index // 1000:05d}" / f"{index}.safetensors"
+
+    def _compute(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        device = self.adapter.device
+        _, features = self.adapter.features(input_ids.to(device), attention_mask.to(device))
+        return features                                                        # [b, L, F]
+
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        if self.root is None:
+            return self._compute(batch.input_ids, batch.attention_mask)
+        lengths = batch.attention_mask.sum(dim=-1).tolist()
+        b, length = batch.input_ids.shape
+        rows: list[torch.Tensor | None] = []
+        for index, n_tok in zip(batch.indices, lengths):
+            rows.append(self._load(index, int(n_tok)))
+        missing = [r for r, row in enumerate(rows) if row is None]
+        if missing:
+            self.misses += len(missing)
+            sub = torch.tensor(missing)
+            width = int(max(lengths[r] for r in missing))
+            fresh = self._compute(batch.input_ids[sub, :width], batch.attention_mask[sub, :width])
+            for j, r in enumerate(missing):
+                rows[r] = fresh[j, :int(lengths[r])]
+                self._store(batch.indices[r], rows[r])
+        self.hits += b - len(missing)
+        device, dtype = self.adapter.device, rows[0].dtype
+        out = torch.zeros(b, length, rows[0].shape[-1], dtype=dtype, device=device)
+        for r, row in enumerate(rows):
+            out[r, :row.shape[0]] = row.to(device, dtype)
+        return out
+
+    def _load(self, index: int, n_tok: int) -> torch.Tensor | None:
+        path = self._path(index)
+        if not path.is_file():
+            return None
+        try:
+            tensor = load_file(str(path))["features"]
+        except Exception:  # a damaged entry is simply recomputed
+            return None
+        if tuple(tensor.shape) != (n_tok, self.width):
+            return None
+        return tensor.to(self.adapter.dtype)
+
+    def _store(self, index: int, features: torch.Tensor) -> None:
+        path = self._path(index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_write(path) as handle:
+            handle.write(save({"features": features.detach().to("cpu").contiguous()}))
+

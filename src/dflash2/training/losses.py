@@ -1,0 +1,192 @@
+"""Training losses and teacher-forced metrics of a packed batch of draft blocks (SPEC §4).
+
+Contract:
+- `position_weights(block_size, gamma)` -> w [B-1], w_k = exp(-(k-1)/gamma) for k = 1..B-1
+  (gamma = inf gives all ones).
+- `block_losses(draft, hidden, batch, ...)` takes the draft's final-norm hidden states
+  [b, N, B, H] of a packed batch and returns `(loss, stats)`:
+    loss  = (sum_p w_p * CE_p  +  selector_weight * sum_p w_p * SelCE_p) / normaliser
+  over the supervised block positions p (k = 1..B-1 of real blocks). `normaliser` is the caller's
+  sum of w_p over the WHOLE optimiser step (all micro-batches, all ranks), so gradient accumulation
+  and data parallelism reproduce the single-batch loss exactly.
+  CE_p is the full-vocabulary cross-entropy of the draft logits against the true token.
+  SelCE_p is the selector's cross-entropy over the top-K candidates of the draft logits, with the
+  TRUE previous token as predecessor (the anchor for k = 1), counted only where the true token is
+  among the top K (otherwise 0, but its weight still counts in the normaliser).
+- Gradient of the selector loss: by default it trains the selector only (codebooks and
+  hidden_projection); the draft hidden state and unary logits enter it detached, so the backbone is
+  shaped by the token CE alone and the selector cannot trade token accuracy for pair scores.
+  `selector_grad_to_backbone=True` lets it flow into the backbone too (an ablation switch).
+- Memory: logits are built CHUNK positions at a time inside `torch.utils.checkpoint`, so at most one
+  chunk's [chunk, V] fp32 logits (plus its softmax / gradient) are alive, in forward and backward.
+- `stats` holds detached sums (see `STAT_KEYS`) that add across micro-batches and ranks; 
+  `summarise(stats)` turns them into the logged metrics: loss parts, teacher-forced acceptance
+  length (tau with the selector walk, tau_base with per-position argmax), and per-position top-1,
+  top-K and selector accuracy.
+- Teacher-forced tau of a block = 1 + number of leading positions predicted correctly. With the
+  true previous token as predecessor this equals the greedy acceptance length against the labels
+  (while the walk is right its chosen predecessor IS the true token). Blocks whose labels stop
+  early (end of the response) count only their supervised positions.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from dflash2.training.batches import Batch
+
+STAT_KEYS = ("weight", "ce", "selector", "blocks", "tau", "tau_base", "count", "top1", "topk", "selector_ok")
+
+
+def position_weights(block_size: int, gamma: float, device: torch.device | str = "cpu") -> torch.Tensor:
+    """w [B-1]: exp(-(k-1)/gamma), k = 1..B-1."""
+    k = torch.arange(block_size - 1, dtype=torch.float32, device=device)
+    if math.isinf(gamma):
+        return torch.ones_like(k)
+    return torch.exp(-k / gamma)
+
+
+def label_weights(batch: Batch, weights: torch.Tensor) -> torch.Tensor:
+    """[b, N, B-1] weight of every label (0 where unsupervised or a padding block)."""
+    return batch.label_mask.float() * weights.to(batch.label_mask.device)
+
+
+def _chunk(draft, hidden, labels, predecessors, top_k: int, selector_grad_to_backbone: bool):
+    """One chunk of positions: hidden [C, H], labels / predecessors [C]
+    -> ce [C], selector ce [C], top1 / topk / selector-correct [C] bool."""
+    logits = draft.logits(hidden)                                            # [C, V] fp32
+    ce = F.cross_entropy(logits, labels, reduction="none")                   # [C]
+    top1 = logits.argmax(dim=-1) == labels
+    cand_logits, cand_ids = logits.topk(min(top_k, logits.shape[-1]), dim=-1)  # [C, K]
+    hit = cand_ids == labels[:, None]                                        # [C, K]
+    in_topk = hit.any(dim=-1)
+    selector = draft.selector
+    if selector is None:
+        return ce, torch.zeros_like(ce), top1, in_topk, top1
+    target = hit.float().argmax(dim=-1)                                      # index of the label
+    if not selector_grad_to_backbone:
+        hidden, cand_logits = hidden.detach(), cand_logits.detach()
+    scores = selector.scores_given_predecessors(hidden, predecessors[:, None], cand_ids, cand_logits)[:, 0]  # [C, K]
+    sel_ce = F.cross_entropy(scores, target, reduction="none") * in_topk
+    sel_ok = (scores.argmax(dim=-1) == target) & in_topk
+    return ce, sel_ce, top1, in_topk, sel_ok
+
+
+def _leading_correct(correct: torch.Tensor) -> torch.Tensor:
+    """correct [..., T] bool -> number of leading True [...] (float)."""
+    return correct.float().cumprod(dim=-1).sum(dim=-1)
+
+
+def block_losses(draft, hidden: torch.Tensor, batch: Batch, weights: torch.Tensor, normaliser: float,
+                 *, selector_weight: float = 1.0, selector_grad_to_backbone: bool = False,
+                 top_k: int = 16, chunk: int = 256) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """hidden [b, N, B, H] -> (scalar loss, detached stats). See the module docstring."""
+    b, n, block, h = hidden.shape
+    t = block - 1
+    device = hidden.device
+    w = label_weights(batch, weights)                                        # [b, N, T]
+    predecessors = torch.cat([batch.block_ids[:, :, :1], batch.labels[:, :, :-1]], dim=-1)  # [b, N, T]
+    flat_mask = batch.label_mask.reshape(-1)                                 # [b*N*T]
+    index = torch.nonzero(flat_mask, as_tuple=False).flatten()               # [P]
+    real = index.numel() > 0
+    if not real:  # keep every parameter in the graph (DDP) with one zero-weight position
+        index = torch.zeros(1, dtype=torch.long, device=device)
+    hid = hidden[:, :, 1:].reshape(-1, h).index_select(0, index)             # [P, H]
+    lab = batch.labels.reshape(-1)[index]
+    prv = predecessors.reshape(-1)[index]
+    wt = w.reshape(-1)[index] if real else torch.zeros(1, device=device)
+    if selector_weight == 0 or draft.selector is None:
+        selector_weight = 0.0
+    if draft.selector is not None:
+        top_k = draft.selector.top_k
+
+    ce_sum = hid.new_zeros((), dtype=torch.float32)
+    sel_sum = hid.new_zeros((), dtype=torch.float32)
+    parts = {"top1": [], "topk": [], "selector_ok": []}
+    for start in range(0, hid.shape[0], chunk):
+        piece = slice(start, start + chunk)
+        if torch.is_grad_enabled() and hid.requires_grad:
+            ce, sel_ce, top1, topk, sel_ok = checkpoint(
+                _chunk, draft, hid[piece], lab[piece], prv[piece], top_k, selector_grad_to_backbone,
+                use_reentrant=False)
+        else:
+            ce, sel_ce, top1, topk, sel_ok = _chunk(draft, hid[piece], lab[piece], prv[piece], top_k,
+                                                    selector_grad_to_backbone)
+        ce_sum = ce_sum + (wt[piece] * ce).sum()
+        sel_sum = sel_sum + (wt[piece] * sel_ce).sum()
+        parts["top1"].append(top1)
+        parts["topk"].append(topk)
+        parts["selector_ok"].append(sel_ok)
+    loss = (ce_sum + selector_weight * sel_sum) / normaliser
+
+    # ---- detached statistics (sums) -------------------------------------------------------
+    with torch.no_grad():
+        def scatter(name: str) -> torch.Tensor:                              # -> [b, N, T] bool
+            dense = torch.zeros(b * n * t, dtype=torch.bool, device=device)
+            if real:
+                dense[index] = torch.cat(parts[name])
+            return dense.view(b, n, t)
+
+        top1, topk, sel_ok = scatter("top1"), scatter("topk"), scatter("selector_ok")
+        valid = batch.block_valid                                             # [b, N]
+        stats = {
+            "weight": w.sum(),
+            "ce": ce_sum.detach(),
+            "selector": sel_sum.detach(),
+            "blocks": valid.float().sum(),
+            "tau": ((1 + _leading_correct(sel_ok)) * valid).sum(),
+            "tau_base": ((1 + _leading_correct(top1)) * valid).sum(),
+            "count": batch.label_mask.float().sum(dim=(0, 1)),                # [T]
+            "top1": top1.float().sum(dim=(0, 1)),
+            "topk": topk.float().sum(dim=(0, 1)),
+            "selector_ok": sel_ok.float().sum(dim=(0, 1)),
+        }
+    return loss, stats
+
+
+def add_stats(total: dict[str, torch.Tensor] | None, new: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if total is None:
+        return {k: v.detach().clone().double() for k, v in new.items()}
+    return {k: total[k] + new[k].double() for k in total}
+
+
+def pack_stats(stats: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Flatten stats into one float64 vector (for a single all_reduce)."""
+    return torch.cat([stats[k].double().reshape(-1) for k in STAT_KEYS])
+
+
+def unpack_stats(flat: torch.Tensor, block_size: int) -> dict[str, torch.Tensor]:
+    t = block_size - 1
+    out, offset = {}, 0
+    for key in STAT_KEYS:
+        size = t if key in ("count", "top1", "topk", "selector_ok") else 1
+        out[key] = flat[offset:offset + size].reshape(()) if size == 1 else flat[offset:offset + size]
+        offset += size
+    return out
+
+
+def summarise(stats: dict[str, torch.Tensor], selector_weight: float, has_selector: bool) -> dict:
+    """Sums -> logged metrics (plain floats / lists)."""
+    weight = max(float(stats["weight"]), 1e-12)
+    blocks = max(float(stats["blocks"]), 1.0)
+    count = stats["count"].clamp(min=1.0)
+    ce = float(stats["ce"]) / weight
+    sel = float(stats["selector"]) / weight
+    out = {
+        "loss": ce + (selector_weight * sel if has_selector else 0.0),
+        "loss_ce": ce,
+        "tau_base": float(stats["tau_base"]) / blocks,
+        "top1": [round(float(x), 5) for x in stats["top1"] / count],
+        "topk": [round(float(x), 5) for x in stats["topk"] / count],
+        "blocks": int(stats["blocks"]),
+    }
+    if has_selector:
+        out["loss_selector"] = sel
+        out["tau"] = float(stats["tau"]) / blocks
+        out["selector_acc"] = [round(float(x), 5) for x in stats["selector_ok"] / count]
+    else:
+        out["tau"] = out["tau_base"]
+    return out

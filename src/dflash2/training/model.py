@@ -1,0 +1,150 @@
+"""Building the draft to train, and the one-forward training module that DDP / FSDP wrap.
+
+Contract:
+- `draft_config(cfg, target_config, tokenizer)` turns the `draft` section of a `TrainConfig` into a
+  `DFlash2Config` shaped for the target (attention shape and MLP width default to the target's).
+- `choose_mask_token(target_config, tokenizer)`: without `draft.mask_token_id`, the tokenizer's unk
+  token when it is distinct from bos / eos / pad, else the last vocabulary id.
+- `build_draft(cfg, target_model, tokenizer)`: a fresh draft with the SPEC initialisation
+  (`init_linear_weights`: identity convolutions, neutral selector), optionally warm-started from
+  the target (`warm_start_from_target`) or loaded from `draft.init_from`; bound to the target's
+  frozen embedding table and LM head. Returns (draft, report dict).
+- `warm_start_from_target(draft, target_model)` copies, for draft layer i, the weights of target
+  decoder layer L - n + i (the target's last n layers, the ones that turn features into next-token
+  predictions): q/k/v/o projections, gate/up/down projections and, for Llama / Qwen-style
+  targets, the RMSNorm weights including the final norm (Gemma's norms store weight - 1 and are
+  skipped). A tensor is copied only where its shape matches. Returns the names copied.
+- `DraftTrainStep(draft, ...)` is an nn.Module whose forward(features, batch, normaliser) runs
+  context K/V, all blocks and the loss in ONE call, so DistributedDataParallel / fully_shard see a
+  single forward per micro-batch. Returns (loss, stats) as `losses.block_losses`.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dflash2.config import DFlash2Config
+from dflash2.draft import DFlash2DraftModel, init_linear_weights
+from dflash2.errors import require
+from dflash2.target import decoder_layers
+from dflash2.training.batches import Batch
+from dflash2.training.config import TrainConfig
+from dflash2.training.losses import block_losses, position_weights
+
+
+def _text_config(target_config):
+    return target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+
+
+def choose_mask_token(target_config, tokenizer=None) -> int:
+    text = _text_config(target_config)
+    if tokenizer is not None:
+        unk = getattr(tokenizer, "unk_token_id", None)
+        taken = {getattr(tokenizer, name, None) for name in ("bos_token_id", "eos_token_id", "pad_token_id")}
+        if unk is not None and unk not in taken and 0 <= unk < text.vocab_size:
+            return int(unk)
+    return text.vocab_size - 1
+
+
+def draft_config(cfg: TrainConfig, target_config, tokenizer=None) -> DFlash2Config:
+    d = cfg.draft
+    text = _text_config(target_config)
+    mask = d["mask_token_id"] if d["mask_token_id"] is not None else choose_mask_token(target_config, tokenizer)
+    require(mask < text.vocab_size, f"config key 'draft.mask_token_id'={mask} is outside the target vocabulary "
+                                    f"(vocab_size={text.vocab_size})")
+    for layer in d["target_layer_ids"] or []:
+        require(0 <= layer < text.num_hidden_layers,
+                f"config key 'draft.target_layer_ids' has {layer}, outside the target's {text.num_hidden_layers} layers")
+    heads = d["num_attention_heads"] or text.num_attention_heads
+    head_dim = d["head_dim"] or (None if d["num_attention_heads"] else getattr(text, "head_dim", None)) \
+        or text.hidden_size // heads
+    kv_heads = d["num_key_value_heads"] or (getattr(text, "num_key_value_heads", heads)
+                                            if heads == text.num_attention_heads else heads)
+    require(heads % kv_heads == 0, f"config key 'draft.num_key_value_heads'={kv_heads} must divide "
+                                   f"draft.num_attention_heads={heads}")
+    if d["use_conv"]:
+        require(text.hidden_size % d["conv_group_size"] == 0,
+                f"config key 'draft.conv_group_size'={d['conv_group_size']} must divide the hidden size {text.hidden_size}")
+    require(d["selector_top_k"] <= text.vocab_size,
+            f"config key 'draft.selector_top_k'={d['selector_top_k']} exceeds the vocabulary ({text.vocab_size})")
+    return DFlash2Config.for_target(
+        target_config, num_hidden_layers=d["num_layers"], num_taps=d["num_taps"],
+        target_layer_ids=d["target_layer_ids"], mask_token_id=mask, block_size=d["block_size"],
+        intermediate_size=d["intermediate_size"], num_attention_heads=heads, num_key_value_heads=kv_heads,
+        head_dim=head_dim, use_conv=d["use_conv"], use_selector=d["use_selector"],
+        selector_rank=d["selector_rank"], selector_top_k=d["selector_top_k"],
+        conv_group_size=d["conv_group_size"], sliding_window=d["sliding_window"])
+
+
+_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+_NORMS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
+
+
+def warm_start_from_target(draft: DFlash2DraftModel, target_model) -> list[str]:
+    layers = decoder_layers(target_model)
+    model_type = getattr(_text_config(target_model.config), "model_type", "")
+    names = _LINEARS + (() if model_type.startswith("gemma") else _NORMS)
+    first = len(layers) - len(draft.layers)
+    require(first >= 0, "draft.warm_start_from_target: the draft has more layers than the target")
+    copied = []
+    with torch.no_grad():
+        for i, layer in enumerate(draft.layers):
+            source = layers[first + i]
+            for name in names:
+                dst, src = layer.get_submodule(name), None
+                try:
+                    src = source.get_submodule(name)
+                except AttributeError:
+                    continue
+                if getattr(src, "weight", None) is not None and src.weight.shape == dst.weight.shape:
+                    dst.weight.copy_(src.weight.to(dst.weight.dtype))
+                    copied.append(f"layers.{i}.{name}.weight")
+        final_norm = getattr(target_model.get_decoder(), "norm", None)
+        if _NORMS[0] in names and getattr(final_norm, "weight", None) is not None \
+                and final_norm.weight.shape == draft.norm.weight.shape:
+            draft.norm.weight.copy_(final_norm.weight.to(draft.norm.weight.dtype))
+            copied.append("norm.weight")
+    return copied
+
+
+def build_draft(cfg: TrainConfig, target_model, tokenizer=None) -> tuple[DFlash2DraftModel, dict]:
+    report: dict = {}
+    if cfg.draft["init_from"]:
+        draft = DFlash2DraftModel.from_pretrained(cfg.draft["init_from"]).train()
+        draft.config.validate_against_target(target_model.config)
+        report["init_from"] = cfg.draft["init_from"]
+    else:
+        config = draft_config(cfg, target_model.config, tokenizer)
+        torch.manual_seed(cfg.train["seed"])
+        draft = DFlash2DraftModel(config)
+        init_linear_weights(draft)
+        if cfg.draft["warm_start_from_target"]:
+            report["warm_started"] = warm_start_from_target(draft, target_model)
+    draft = draft.float().train()
+    draft.bind_target(target_model.get_input_embeddings().weight, target_model.get_output_embeddings().weight)
+    report["parameters"] = draft.num_parameters()
+    return draft, report
+
+
+class DraftTrainStep(nn.Module):
+    """Context K/V + all blocks + loss of one micro-batch in one forward call."""
+
+    def __init__(self, draft: DFlash2DraftModel, gamma: float, selector_weight: float,
+                 selector_grad_to_backbone: bool, logits_chunk: int):
+        super().__init__()
+        self.draft = draft
+        self.register_buffer("weights", position_weights(draft.config.block_size, gamma), persistent=False)
+        self.selector_weight = selector_weight
+        self.selector_grad_to_backbone = selector_grad_to_backbone
+        self.logits_chunk = logits_chunk
+
+    def forward(self, features: torch.Tensor, batch: Batch, normaliser: float):
+        """features [b, L, F]; batch on the same device -> (loss, stats)."""
+        draft = self.draft
+        context = draft.context_kv(features, batch.positions)                     # per layer [b, kv, L, d]
+        hidden = draft.forward_blocks(batch.block_ids, batch.block_positions, context, batch.attn_mask)  # [b, N, B, H]
+        return block_losses(draft, hidden, batch, self.weights, normaliser,
+                            selector_weight=self.selector_weight,
+                            selector_grad_to_backbone=self.selector_grad_to_backbone,
+                            chunk=self.logits_chunk)

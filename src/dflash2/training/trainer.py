@@ -1,0 +1,309 @@
+"""The training loop: `dflash2 train CONFIG.yaml [section.key=value ...] [--resume]`.
+
+Contract:
+- `Trainer(cfg, target_model=None, tokenizer=None, train_sequences=None, eval_sequences=None)`
+  loads the target (`load_target(cfg.target.name)`, frozen) unless given, builds the draft
+  (`model.build_draft`), reads the shard directories of `data.train` / `data.eval` unless
+  sequences ((input_ids, loss_mask) pairs) are given, and sets up AdamW (lr, betas, eps, weight
+  decay from `optim`), a schedule of linear warmup over `warmup_fraction` of the steps then cosine
+  down to `min_lr_ratio` x lr, and gradient clipping at `grad_clip`.
+- One optimiser step = `train.batch_size` sequences (global, over all ranks), split evenly across
+  ranks and then into `grad_accum` micro-batches; which sequences and which anchors a step uses
+  depend only on (seed, step) (`data.SequenceOrder`, `batches.anchor_generator`). The loss of
+  every micro-batch is divided by the step's global label-weight sum, so 1 process, N ranks and
+  any accumulation give the same update (up to float summation order).
+- `train(resume=False)` runs to `train.steps` (or `train.epochs` over the data), logging metrics
+  to `<output_dir>/metrics.jsonl` every `log_every` steps (`curves.png` is redrawn at each
+  checkpoint), evaluating every `eval_every` steps, checkpointing every `checkpoint_every` steps
+  and at the end, then exporting
+  `<output_dir>/final` in `save_dtype`. `resume=True` restores the latest checkpoint (weights,
+  optimizer, scheduler, step, token count, RNG) and continues on exactly the trajectory of an
+  uninterrupted run. A resumed run's config must match the checkpoint's, except for the keys in
+  `RESUMABLE_CHANGES`. Returns a summary dict.
+- `main(argv)` is the CLI entry (`dflash2.cli` dispatches `train` here); under
+  `torchrun --nproc_per_node N` it trains data-parallel (`train.parallel`: ddp or fsdp).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import yaml
+from tqdm import tqdm
+
+from dflash2.errors import DFlash2Error, require
+from dflash2.fileio import atomic_write
+from dflash2.target import TargetAdapter
+from dflash2.training import checkpoints as ckpt
+from dflash2.training.batches import Example, build_batch
+from dflash2.training.config import TrainConfig, load_config
+from dflash2.training.data import SequenceOrder, load_sequences, to_pair
+from dflash2.training.distributed import Dist
+from dflash2.training.features import FeatureSource, cache_tag
+from dflash2.training.losses import add_stats, label_weights, pack_stats, summarise, unpack_stats
+from dflash2.training.metrics_log import MetricsLog, plot_curves
+from dflash2.training.model import DraftTrainStep, build_draft
+
+RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.log_every", "train.eval_every",
+                     "train.checkpoint_every", "train.keep_checkpoints", "train.save_dtype", "train.device",
+                     "data.feature_cache_dir", "data.max_eval_sequences", "data.eval"}
+
+
+def lr_factor(step: int, total: int, warmup_fraction: float, min_ratio: float) -> float:
+    """Multiplier of the base lr for optimiser step `step` (0-based)."""
+    warmup = round(warmup_fraction * total)
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, *, target_model=None, tokenizer=None, train_sequences=None,
+                 eval_sequences=None, dist: Dist | None = None):
+        self.cfg = cfg
+        t, d = cfg.train, cfg.data
+        self.dist = dist or Dist.from_env(t["device"])
+        device = self.dist.device
+        self.autocast_dtype = torch.bfloat16 if t["precision"] == "bf16" else None
+        target_dtype = torch.bfloat16 if (self.autocast_dtype and device.type == "cuda") else torch.float32
+        if target_model is None:
+            from dflash2.targets import load_target
+            target_model, tokenizer = load_target(cfg.target["name"], device=device, dtype=target_dtype)
+        target_model = target_model.to(device).eval().requires_grad_(False)
+        self.draft, self.build_report = build_draft(cfg, target_model, tokenizer)
+        self.draft.to(device)
+        self.draft.bind_target(target_model.get_input_embeddings().weight, target_model.get_output_embeddings().weight)
+        self.adapter = TargetAdapter(target_model, self.draft.config.target_layer_ids)
+        tag = cache_tag(cfg.target["name"], self.draft.config.target_layer_ids, target_dtype, d["max_seq_len"])
+        self.features = FeatureSource(self.adapter, d["feature_cache_dir"], tag)
+
+        if train_sequences is None:
+            require(bool(d["train"]), "config key 'data.train' must list at least one shard directory")
+            train_sequences, self.data_counts = load_sequences(d["train"], d["max_seq_len"])
+        else:
+            train_sequences = [to_pair(ids, mask, d["max_seq_len"]) for ids, mask in train_sequences]
+            self.data_counts = {"records": len(train_sequences)}
+        if eval_sequences is None and d["eval"]:
+            eval_sequences, _ = load_sequences(d["eval"], d["max_seq_len"])
+        self.eval_sequences = [to_pair(i, m, d["max_seq_len"]) for i, m in (eval_sequences or [])]
+        self.eval_sequences = self.eval_sequences[:d["max_eval_sequences"]]
+        per_step = self.dist.world * t["grad_accum"]
+        require(t["batch_size"] % per_step == 0,
+                f"config key 'train.batch_size'={t['batch_size']} must be a multiple of world size x grad_accum "
+                f"= {self.dist.world} x {t['grad_accum']}")
+        self.order = SequenceOrder(train_sequences, t["batch_size"], t["seed"])
+        self.total_steps = t["steps"] or max(1, int(t["epochs"] * self.order.steps_per_epoch))
+
+        loss = cfg.loss
+        self.module = DraftTrainStep(self.draft, cfg.resolved_gamma(), loss["selector_weight"],
+                                     loss["selector_grad_to_backbone"], loss["logits_chunk"]).to(device)
+        self.wrapped = self.dist.wrap(self.module, t["parallel"])
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(self.params, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
+                                           weight_decay=o["weight_decay"])
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, self.total_steps, o["warmup_fraction"], o["min_lr_ratio"]))
+        self.step = 0
+        self.tokens_seen = 0
+        self.run_dir = Path(t["output_dir"])
+        self.log = MetricsLog(self.run_dir / "metrics.jsonl")
+
+    # ------------------------------------------------------------------ pieces
+    def _autocast(self):
+        return torch.autocast(self.dist.device.type, dtype=self.autocast_dtype or torch.float32,
+                              enabled=self.autocast_dtype is not None)
+
+    def _batch(self, examples):
+        c = self.draft.config
+        return build_batch(examples, block_size=c.block_size, num_anchors=self.cfg.loss["num_anchors"],
+                           mask_token_id=c.mask_token_id, window=c.sliding_window, seed=self.cfg.train["seed"])
+
+    def train_step(self) -> tuple[dict, float]:
+        """One optimiser step; returns (this rank's stat sums, gradient norm)."""
+        world = self.dist.world
+        micro = self.order.shard(self.step, self.dist.rank, world, self.cfg.train["grad_accum"])
+        batches = [self._batch(examples) for examples in micro]
+        totals = torch.tensor([sum(float(label_weights(b, self.module.weights).sum()) for b in batches),
+                               sum(b.num_tokens for b in batches)], dtype=torch.float64, device=self.dist.device)
+        self.dist.all_reduce_sum(totals)
+        normaliser = max(float(totals[0]), 1e-6)
+        self.tokens_seen += int(totals[1])
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = None
+        for i, batch in enumerate(batches):
+            batch = batch.to(self.dist.device)
+            with self._autocast():
+                features = self.features(batch)
+            with Dist.no_sync(self.wrapped, i == len(batches) - 1):
+                with self._autocast():
+                    loss, step_stats = self.wrapped(features, batch, normaliser)
+                (loss * world).backward()
+            stats = add_stats(stats, step_stats)
+        clip = self.cfg.optim["grad_clip"]
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip else float("inf"))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        return stats, float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+
+    def _reduce(self, stats: dict) -> dict:
+        flat = self.dist.all_reduce_sum(pack_stats(stats).to(self.dist.device))
+        return unpack_stats(flat.cpu(), self.draft.config.block_size)
+
+    def _summary(self, stats: dict) -> dict:
+        return summarise(stats, self.cfg.loss["selector_weight"], self.draft.config.use_selector)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict | None:
+        """Teacher-forced metrics on the eval sequences (fixed anchors), all ranks together."""
+        if not self.eval_sequences:
+            return None
+        world, rank = self.dist.world, self.dist.rank
+        usable = len(self.eval_sequences) // world * world
+        mine = list(range(rank, usable, world))
+        size = max(1, self.cfg.train["batch_size"] // (world * self.cfg.train["grad_accum"]))
+        stats = None
+        for start in range(0, len(mine), size):
+            examples = [Example(*self.eval_sequences[i], key=(-1, i), index=-1 - i) for i in mine[start:start + size]]
+            batch = self._batch(examples).to(self.dist.device)
+            with self._autocast():
+                features = self.adapter.features(batch.input_ids, batch.attention_mask)[1]
+                _, batch_stats = self.module(features, batch, 1.0)
+            stats = add_stats(stats, batch_stats)
+        return self._summary(self._reduce(stats)) if stats is not None else None
+
+    # ------------------------------------------------------------------ checkpoints
+    def _trainer_state(self) -> dict:
+        return {"scheduler": self.scheduler.state_dict(), "tokens_seen": self.tokens_seen,
+                "samples_seen": self.step * self.cfg.train["batch_size"], "rng": ckpt.rng_state(),
+                "config": self.cfg.to_dict(), "world_size": self.dist.world}
+
+    def save(self) -> None:
+        draft_state, optim_state = ckpt.gather_state(self.wrapped, self.optimizer, self.cfg.train["parallel"])
+        if self.dist.is_main:
+            ckpt.save_checkpoint(self.run_dir, self.step, draft_state, optim_state, self._trainer_state(),
+                                 self.draft.config, self.cfg.train["keep_checkpoints"])
+            plot_curves(self.log.path, self.run_dir / "curves.png")
+        self.dist.barrier()
+
+    def resume(self) -> Path:
+        path, draft_state, state = ckpt.load_latest(self.run_dir)
+        _check_same_config(state["config"], self.cfg.to_dict())
+        ckpt.restore_state(self.wrapped, self.optimizer, draft_state, state["optimizer"], self.cfg.train["parallel"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
+        ckpt.set_rng_state(state["rng"])
+        if self.dist.is_main:
+            self.log.truncate_after(self.step)
+        self.dist.barrier()
+        return path
+
+    def export(self) -> dict:
+        draft_state, _ = ckpt.gather_state(self.wrapped, self.optimizer, self.cfg.train["parallel"])
+        out = {}
+        if self.dist.is_main:
+            dtype = torch.bfloat16 if self.cfg.train["save_dtype"] == "bf16" else torch.float32
+            size = ckpt.export_draft(draft_state, self.draft.config, self.run_dir / "final", dtype)
+            out = {"final_dir": str(self.run_dir / "final"), "final_bytes": size}
+        self.dist.barrier()
+        return out
+
+    # ------------------------------------------------------------------ loop
+    def train(self, resume: bool = False, stop_at: int | None = None) -> dict:
+        """Train to the end (or only up to step `stop_at`, checkpointing there: an interruption)."""
+        t = self.cfg.train
+        end = min(self.total_steps, stop_at or self.total_steps)
+        if resume:
+            self.resume()
+        if self.dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            with atomic_write(self.run_dir / "train_config.yaml", "w") as handle:
+                yaml.safe_dump(self.cfg.to_dict(), handle, sort_keys=False)
+        bar = _progress(self.total_steps, self.step, self.dist.is_main and t["progress"])
+        interval, interval_tokens, clock = None, self.tokens_seen, time.perf_counter()
+        last = {}
+        while self.step < end:
+            stats, grad_norm = self.train_step()
+            interval = add_stats(interval, stats)
+            bar.update(1)
+            final = self.step == self.total_steps
+            if self.step % t["log_every"] == 0 or final:
+                now = time.perf_counter()
+                last = {"split": "train", "step": self.step, "epoch": round(self.step / self.order.steps_per_epoch, 4),
+                        "tokens": self.tokens_seen, "lr": self.scheduler.get_last_lr()[0], "grad_norm": grad_norm,
+                        "tokens_per_s": (self.tokens_seen - interval_tokens) / max(now - clock, 1e-9),
+                        **self._summary(self._reduce(interval))}
+                interval, interval_tokens, clock = None, self.tokens_seen, now
+                bar.set_postfix(loss=f"{last['loss']:.3f}", tau=f"{last['tau']:.2f}",
+                                tok_s=f"{last['tokens_per_s']:.0f}")
+                self._log(last)
+            if (t["eval_every"] and self.step % t["eval_every"] == 0) or (final and self.eval_sequences):
+                metrics = self.evaluate()
+                if metrics is not None:
+                    self._log({"split": "eval", "step": self.step, "tokens": self.tokens_seen, **metrics})
+            if (t["checkpoint_every"] and self.step % t["checkpoint_every"] == 0) or self.step == end:
+                self.save()
+        bar.close()
+        summary = {"steps": self.step, "tokens": self.tokens_seen, "parameters": self.draft.num_parameters(),
+                   "last": last}
+        if self.step < self.total_steps:
+            return summary
+        summary.update(self.export())
+        if self.dist.is_main:
+            with atomic_write(self.run_dir / "summary.json", "w") as handle:
+                json.dump(summary, handle, indent=2)
+        return summary
+
+    def _log(self, record: dict) -> None:
+        if self.dist.is_main:
+            self.log.append(record)
+
+    def close(self) -> None:
+        self.adapter.close()
+        self.dist.close()
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None: ...
+    def set_postfix(self, **kwargs) -> None: ...
+    def close(self) -> None: ...
+
+
+def _progress(total: int, initial: int, show: bool):
+    """A tqdm bar with ETA, or a stand-in (even a disabled tqdm starts a monitor thread that
+    delays interpreter exit)."""
+    if not show:
+        return _NoBar()
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+
+def _check_same_config(saved: dict, current: dict) -> None:
+    for section, keys in current.items():
+        for key, value in keys.items():
+            dotted = f"{section}.{key}"
+            if dotted not in RESUMABLE_CHANGES and saved.get(section, {}).get(key) != value:
+                raise DFlash2Error(f"--resume: config key '{dotted}' is {value!r} but the checkpoint was trained "
+                                   f"with {saved.get(section, {}).get(key)!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dflash2 train", description="Train a DFlash2 / DFlash draft for a target.")
+    parser.add_argument("config", help="YAML training config (see configs/)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=100 draft.use_selector=false")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in train.output_dir")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    trainer = Trainer(cfg)
+    try:
+        summary = trainer.train(resume=args.resume)
+    finally:
+        trainer.close()
+    if trainer.dist.is_main:
+        print(json.dumps({k: v for k, v in summary.items() if k != "last"}))
+    return 0

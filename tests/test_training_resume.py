@@ -1,0 +1,44 @@
+"""Resume: K steps straight equal K/2 steps, an interruption (checkpoint) and K/2 resumed steps."""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from dflash2.draft import DFlash2DraftModel
+from dflash2.tiny import tiny_target
+from dflash2.training.trainer import Trainer
+from training_util import small_config, synthetic_sequences, one_thread  # noqa: F401 (autouse fixture)
+
+TIMING = ("tokens_per_s",)
+
+
+def _run(out_dir, resume=False, stop_at=None):
+    cfg = small_config(out_dir, train={"steps": 4, "batch_size": 4, "grad_accum": 2, "log_every": 1,
+                                       "checkpoint_every": None})
+    trainer = Trainer(cfg, target_model=tiny_target("llama"), train_sequences=synthetic_sequences(12),
+                      eval_sequences=synthetic_sequences(4, seed=9))
+    summary = trainer.train(resume=resume, stop_at=stop_at)
+    state = {k: v.clone() for k, v in trainer.draft.state_dict().items()}
+    trainer.close()
+    return summary, state
+
+
+def _log(out_dir):
+    lines = [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in lines]
+
+
+def test_resume_follows_the_uninterrupted_trajectory(tmp_path):
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    _, reference = _run(straight)
+    partial, _ = _run(interrupted, stop_at=2)
+    assert partial["steps"] == 2 and not (interrupted / "final").exists()
+    summary, resumed = _run(interrupted, resume=True)
+    assert summary["steps"] == 4
+    for name in reference:
+        assert torch.equal(reference[name], resumed[name]), name
+    assert _log(straight) == _log(interrupted)
+    final = DFlash2DraftModel.from_pretrained(interrupted / "final")      # exported in bf16
+    assert final.fc.weight.dtype == torch.float32  # from_pretrained casts to its dtype argument
+    assert (interrupted / "curves.png").stat().st_size > 0
