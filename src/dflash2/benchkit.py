@@ -1,0 +1,170 @@
+"""Shared pieces of `dflash2 bench` and `dflash2 analyze`: pipelines, prompts, run metadata, output.
+
+Contract:
+- `build_pipeline(args)` returns a `loading.Pipeline`: the real target and draft from
+  `args.target / args.draft / args.device / args.dtype`, or, with the hidden `--tiny` option, a
+  random tiny Llama target and DFlash2 draft from `dflash2.tiny` with a character-level
+  `TinyTokenizer` (seconds on a CPU; used by the smoke tests).
+- `load_conversations(datasets, num_prompts, dataset_file)` -> {dataset name: [Conversation]} from
+  the shipped benchmarks and/or a user JSONL file (reported under the file's stem).
+- `machine_info()` describes the machine and library versions; `git_commit()` names the commit
+  of the working tree (with "+dirty" when it has uncommitted changes), or None outside git.
+- `write_json(path, obj)` writes atomically; `markdown_table(headers, rows)` renders a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+from dflash2.errors import require
+from dflash2.fileio import atomic_write
+from dflash2.loading import Pipeline, load_decoder
+from dflash2.prompts import BENCHMARKS, Conversation, load_benchmark, load_prompt_file
+
+
+class TinyTokenizer:
+    """Character-level stand-in for a real tokenizer, for the random tiny models (no chat template).
+
+    Ids 0-2 are pad / BOS / EOS; characters map into 3..vocab_size-2 (the last id is the draft's
+    MASK). Prompts are cut to `max_chars` characters so tiny runs stay fast.
+    """
+
+    chat_template = None
+    eos_token_id = 2
+    pad_token_id = 0
+
+    def __init__(self, vocab_size: int, max_chars: int = 40):
+        self.span = vocab_size - 4
+        self.max_chars = max_chars
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": [1] + [3 + ord(c) % self.span for c in text[-self.max_chars:]]}
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(ord("a") + (int(i) - 3) % 26) for i in ids if not (skip_special_tokens and int(i) < 3))
+
+
+def tiny_pipeline(seed: int = 0) -> Pipeline:
+    from dflash2.engine import SpeculativeDecoder
+    from dflash2.target import TargetAdapter
+    from dflash2.tiny import tiny_draft, tiny_target
+
+    target = tiny_target("llama", seed=seed)
+    draft = tiny_draft(target, seed=seed)
+    decoder = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft)
+    return Pipeline(decoder, TinyTokenizer(target.config.vocab_size), (), "tiny random DFlash2 draft [DFlash2]", False)
+
+
+def build_pipeline(args) -> Pipeline:
+    if getattr(args, "threads", None):
+        require(args.threads > 0, f"--threads must be positive, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    if getattr(args, "tiny", False):
+        torch.manual_seed(args.seed)
+        return tiny_pipeline(args.seed)
+    return load_decoder(args.target, args.draft, args.device, args.dtype)
+
+
+def add_model_arguments(parser) -> None:
+    """Options shared by bench and analyze: which target, draft, device and dtype."""
+    parser.add_argument("--target", default="smollm2", help="built-in name (smollm2, gemma3), local HF dir or hub id")
+    parser.add_argument("--draft", default=None, help="draft checkpoint directory (default: the shipped one, "
+                                                      "else an untrained draft)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", help="float32 (needed for exact lossless checks) or bfloat16")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice); "
+                        "on a shared machine 1 thread can be far steadier")
+    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
+
+
+def parse_list(text: str, what: str) -> list[str]:
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    require(bool(items), f"{what}: give at least one value")
+    return items
+
+
+def load_conversations(datasets: list[str], num_prompts: int | None,
+                       dataset_file: str | None = None) -> dict[str, list[Conversation]]:
+    out: dict[str, list[Conversation]] = {}
+    for name in datasets:
+        convs = load_benchmark(name, num_prompts)
+        require(bool(convs), f"benchmark '{name}' gave no prompts")
+        out[convs[0].dataset] = convs
+    if dataset_file:
+        convs = load_prompt_file(dataset_file)[:num_prompts]
+        require(convs[0].dataset not in out, f"--dataset-file name '{convs[0].dataset}' clashes with a benchmark "
+                                             f"({', '.join(BENCHMARKS)}); rename the file")
+        out[convs[0].dataset] = convs
+    require(bool(out), "no datasets selected: give --datasets and/or --dataset-file")
+    return out
+
+
+def machine_info() -> dict:
+    import transformers
+
+    info = {
+        "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def machine_line(info: dict) -> str:
+    gpu = f", GPU {info['gpu']}" if info.get("gpu") else ", no GPU"
+    return (f"{info['processor']}, {info['cpu_count']} CPU cores ({info['torch_threads']} torch threads){gpu}; "
+            f"torch {info['torch']}, transformers {info['transformers']}")
+
+
+def git_commit(path: str | Path | None = None) -> str | None:
+    where = str(path or Path(__file__).resolve().parent)
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                               capture_output=True, text=True, timeout=10)
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def write_json(path: str | Path, obj) -> None:
+    with atomic_write(path, "w") as handle:
+        json.dump(obj, handle, indent=2, default=str)
+        handle.write("\n")
+
+
+def write_text(path: str | Path, text: str) -> None:
+    with atomic_write(path, "w") as handle:
+        handle.write(text)
+
+
+def fmt(value, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def first_turns(conversations: list[Conversation], tokenizer) -> list[list[int]]:
+    from dflash2.chat import encode_messages
+
+    return [encode_messages(tokenizer, [{"role": "user", "content": c.turns[0]}]) for c in conversations]

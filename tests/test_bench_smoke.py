@@ -1,0 +1,99 @@
+"""Smoke tests of `dflash2 bench` and `dflash2 analyze` on random tiny models (seconds, no real target).
+
+They check that the commands run end to end through the CLI, write results.json with the
+documented keys, results.md and valid PNGs, that speculative outputs equal the autoregressive
+ones at T=0 (mismatches == 0), and that a peer that cannot run is reported, not fatal.
+"""
+from __future__ import annotations
+
+import json
+
+import matplotlib.image as mpimg
+import pytest
+import torch
+
+from dflash2.cli import main as cli_main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SUMMARY_KEYS = {"acceptance_length", "speedup", "tokens_per_second", "mismatches", "time_per_output_token_ms",
+                "position_acceptance", "histogram", "baseline_tokens_per_second"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread: on a shared 2-core machine this is both faster and steadier."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def assert_pngs(out, names):
+    assert names, "no plots written"
+    for name in names:
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG_MAGIC), name
+        image = mpimg.imread(out / name)
+        assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100, name
+
+
+def test_bench_smoke(tmp_path):
+    out = tmp_path / "bench"
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text('{"prompt": "Count to five."}\n{"turns": ["Hi there.", "And again?"], "id": "two"}\n')
+    status = cli_main(["bench", "--tiny", "--datasets", "gsm8k,mt-bench", "--dataset-file", str(prompts),
+                       "--num-prompts", "2", "--max-new-tokens", "16", "--concurrency", "1,2",
+                       "--peers", "hf,pld,dflash", "--peers-python", str(tmp_path / "no-such-python"),
+                       "--output", str(out)])
+    assert status == 0
+    results = json.loads((out / "results.json").read_text())
+    assert {"datasets", "overall", "peers", "settings", "machine", "commit"} <= set(results)
+    assert set(results["datasets"]) == {"gsm8k", "mt-bench", "mine"}
+    assert results["datasets"]["mt-bench"]["compared"] == 4        # two conversations x two turns
+    for name, entry in list(results["datasets"].items()) + [("overall", results["overall"])]:
+        assert SUMMARY_KEYS <= set(entry), name
+        assert 1.0 <= entry["acceptance_length"] <= results["settings"]["block_size"]
+        for c, by_c in entry["by_concurrency"].items():
+            assert by_c["mismatches"] == 0, (name, c)
+    overall = results["overall"]
+    assert overall["cycles"] == sum(overall["histogram"].values())
+    assert overall["new_tokens"] == sum(d["new_tokens"] for d in results["datasets"].values())
+    peers = results["peers"]
+    assert peers["hf_generate"]["status"] == "ok" and peers["hf_generate"]["overall"]["mismatches"] == 0
+    assert peers["hf_prompt_lookup"]["status"] == "ok" and peers["hf_prompt_lookup"]["overall"]["mismatches"] == 0
+    assert peers["hf_prompt_lookup"]["overall"]["acceptance_length"] >= 1.0
+    assert peers["dflash_reference"]["status"] == "unavailable" and "setup_peers.sh" in peers["dflash_reference"]["reason"]
+    markdown = (out / "results.md").read_text()
+    assert "**overall**" in markdown and "not a mean of means" in markdown and "dflash_reference" in markdown
+    assert_pngs(out, results["plots"])
+
+
+def test_analyze_smoke(tmp_path):
+    out = tmp_path / "analyze"
+    status = cli_main(["analyze", "--tiny", "--dataset", "gsm8k,humaneval", "--num-prompts", "1",
+                       "--max-new-tokens", "16", "--repeats", "2", "--output", str(out)])
+    assert status == 0
+    results = json.loads((out / "results.json").read_text())
+    block = results["settings"]["block_size"]
+    recall = results["recall"]
+    for key in ("top1", "topk", "topk_given_prefix", "oracle_reach", "top1_convs_off"):
+        assert len(recall[key]) == block - 1 and all(0.0 <= v <= 1.0 for v in recall[key]), key
+    assert all(t1 <= tk for t1, tk in zip(recall["top1"], recall["topk"]))
+    for variant in ("convs_on", "convs_off"):
+        acc = results["acceptance"][variant]
+        assert 1.0 <= acc["argmax"] <= acc["oracle"] <= block
+        assert 1.0 <= acc["selector"] <= acc["oracle"]
+        shares = results["attention_share"][variant]
+        assert len(shares) == 2 and all(0.0 < s < 1.0 for s in shares)
+    assert results["attention_share"]["recompute_max_error"] < 1e-4
+    assert results["latency"]["microbench_ms"]["cycle"] > 0
+    assert 0.0 <= results["latency"]["shares"]["selector"] < 1.0
+    assert (out / "results.md").read_text().startswith("# dflash2 analyze")
+    assert_pngs(out, results["plots"])
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
+    assert cli_main(["bench", "--tiny", "--peers", "vllm", "--output", str(tmp_path)]) == 2
+    assert "unknown peer 'vllm'" in capsys.readouterr().err
+    assert cli_main(["bench", "--tiny", "--datasets", "gsm9k", "--output", str(tmp_path)]) == 2
+    assert "unknown benchmark" in capsys.readouterr().err
