@@ -17,7 +17,7 @@ QWEN38_27B_DRAFT = {
     "hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 5, "num_attention_heads": 32,
     "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 248320, "rms_norm_eps": 1e-6,
     "rope_theta": 10000000.0, "max_position_embeddings": 262144,
-    "layer_types": ["sliding_attention"] * 5, "sliding_window": 2048, "num_target_layers": 64,
+    "layer_types": ["sliding_attention"] * 5, "sliding_window": 2048, "use_sliding_window": True, "num_target_layers": 64,
     "tie_word_embeddings": False,
     "dflash_config": {"block_size": 8, "mask_token_id": 248070, "target_layer_ids": [5, 19, 33, 47, 61],
                       "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16},

@@ -186,7 +186,7 @@ class DFlash2Config:
         num_target_layers = data.pop("num_target_layers", None)
         require(num_target_layers is not None, "config missing required field 'num_target_layers'")
         kwargs["num_target_layers"] = num_target_layers
-        for name in ("model_type", "is_causal", "tie_word_embeddings", "torch_dtype", "dtype", "transformers_version"):
+        for name in ("use_sliding_window", "model_type", "is_causal", "tie_word_embeddings", "torch_dtype", "dtype", "transformers_version"):
             data.pop(name, None)
         extra = {"top": data, "dflash": dflash}
         try:
@@ -232,6 +232,8 @@ class DFlash2Config:
             "max_position_embeddings": self.max_position_embeddings,
             "layer_types": list(self.layer_types),
             "sliding_window": self.sliding_window,
+            # Qwen3Config (which engines use to read drafts) drops sliding_window without this flag.
+            "use_sliding_window": self.sliding_window is not None,
             "num_target_layers": self.num_target_layers,
             "tie_word_embeddings": False,
             "dflash_config": dflash,
