@@ -21,8 +21,9 @@ Contract:
   chunk's [chunk, V] fp32 logits (plus its softmax / gradient) are alive, in forward and backward.
 - `stats` holds detached sums (see `STAT_KEYS`) that add across micro-batches and ranks; 
   `summarise(stats)` turns them into the logged metrics: loss parts, teacher-forced acceptance
-  length (tau with the selector walk, tau_base with per-position argmax), and per-position top-1,
-  top-K and selector accuracy.
+  length (tau with the selector walk, tau_base with per-position argmax), per-position top-1,
+  top-K and selector accuracy, and `loss_selector_in_topk` (the selector CE averaged over the
+  positions it applies to; `loss_selector` is normalised like the token CE, so it grows with recall).
 - Teacher-forced tau of a block = 1 + number of leading positions predicted correctly. With the
   true previous token as predecessor this equals the greedy acceptance length against the labels
   (while the walk is right its chosen predecessor IS the true token). Blocks whose labels stop
@@ -38,7 +39,7 @@ from torch.utils.checkpoint import checkpoint
 
 from dflash2.training.batches import Batch
 
-STAT_KEYS = ("weight", "ce", "selector", "blocks", "tau", "tau_base", "count", "top1", "topk", "selector_ok")
+STAT_KEYS = ("weight", "weight_topk", "ce", "selector", "blocks", "tau", "tau_base", "count", "top1", "topk", "selector_ok")
 
 
 def position_weights(block_size: int, gamma: float, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -105,6 +106,7 @@ def block_losses(draft, hidden: torch.Tensor, batch: Batch, weights: torch.Tenso
 
     ce_sum = hid.new_zeros((), dtype=torch.float32)
     sel_sum = hid.new_zeros((), dtype=torch.float32)
+    topk_weight = hid.new_zeros((), dtype=torch.float32)
     parts = {"top1": [], "topk": [], "selector_ok": []}
     for start in range(0, hid.shape[0], chunk):
         piece = slice(start, start + chunk)
@@ -117,6 +119,7 @@ def block_losses(draft, hidden: torch.Tensor, batch: Batch, weights: torch.Tenso
                                                     selector_grad_to_backbone)
         ce_sum = ce_sum + (wt[piece] * ce).sum()
         sel_sum = sel_sum + (wt[piece] * sel_ce).sum()
+        topk_weight = topk_weight + (wt[piece] * topk).sum().detach()
         parts["top1"].append(top1)
         parts["topk"].append(topk)
         parts["selector_ok"].append(sel_ok)
@@ -134,6 +137,7 @@ def block_losses(draft, hidden: torch.Tensor, batch: Batch, weights: torch.Tenso
         valid = batch.block_valid                                             # [b, N]
         stats = {
             "weight": w.sum(),
+            "weight_topk": topk_weight,
             "ce": ce_sum.detach(),
             "selector": sel_sum.detach(),
             "blocks": valid.float().sum(),
@@ -185,6 +189,7 @@ def summarise(stats: dict[str, torch.Tensor], selector_weight: float, has_select
     }
     if has_selector:
         out["loss_selector"] = sel
+        out["loss_selector_in_topk"] = float(stats["selector"]) / max(float(stats["weight_topk"]), 1e-12)
         out["tau"] = float(stats["tau"]) / blocks
         out["selector_acc"] = [round(float(x), 5) for x in stats["selector_ok"] / count]
     else:

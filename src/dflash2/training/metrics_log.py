@@ -60,7 +60,7 @@ def plot_curves(jsonl: str | Path, png: str | Path) -> None:
         if not rows:
             continue
         tokens = [r["tokens"] for r in rows]
-        for key in ("loss", "loss_ce", "loss_selector"):
+        for key in ("loss", "loss_ce", "loss_selector", "loss_selector_in_topk"):
             if all(key in r for r in rows):
                 ax_loss.plot(tokens, [r[key] for r in rows], style, label=f"{split} {key}", markersize=3)
         for key in ("tau", "tau_base"):
