@@ -7,12 +7,19 @@ Contract:
   with the tokenizer's usual special tokens (e.g. BOS).
 - `encode_prompt(tokenizer, text, chat=None)` does the same for one user message; `chat=False`
   forces plain text, `chat=None` uses the template when there is one.
+- `choose_mask_token(tokenizer, vocab_size)`: the id for a draft block's MASK slots, one the target
+  never writes: the tokenizer's mask token, else an added special token named like a mask, else an
+  added special token that chat formatting does not use, else the last vocabulary id.
 - `stop_token_ids(tokenizer, model_config)` collects the ids that end an answer (EOS and, for chat
   models, the end-of-turn token), so generation stops where the model's own `generate` would.
 """
 from __future__ import annotations
 
+import re
+
 from dflash2.errors import require
+
+_CHAT_TOKENS = re.compile(r"im_start|im_end|start_of_turn|end_of_turn|bos|eos|pad|endoftext|begin_of|eot")
 
 
 def has_chat_template(tokenizer) -> bool:
@@ -55,3 +62,14 @@ def stop_token_ids(tokenizer, model_config=None) -> tuple[int, ...]:
         if isinstance(token_id, int):
             ids.add(token_id)
     return tuple(sorted(ids))
+
+
+def choose_mask_token(tokenizer, vocab_size: int) -> int:
+    if getattr(tokenizer, "mask_token_id", None) is not None and tokenizer.mask_token_id < vocab_size:
+        return int(tokenizer.mask_token_id)
+    added = {tok: idx for tok, idx in tokenizer.get_added_vocab().items() if idx < vocab_size}
+    for tok, idx in sorted(added.items(), key=lambda item: item[1]):
+        if "mask" in tok.lower():
+            return idx
+    unused = [idx for tok, idx in added.items() if not _CHAT_TOKENS.search(tok.lower())]
+    return max(unused) if unused else vocab_size - 1

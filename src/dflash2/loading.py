@@ -2,9 +2,6 @@
 regenerate) does first.
 
 Contract:
-- `choose_mask_token(tokenizer, vocab_size)`: a token id that never appears in text the target
-  writes, for the block's MASK slots: the tokenizer's mask token, else an added special token
-  named like a mask or left unused by chat formatting, else the last vocabulary id.
 - `new_draft(model, tokenizer, **shape)`: a correctly shaped, freshly initialised (untrained) draft.
 - `shipped_draft_path(target_name)`: the trained draft shipped in the package for a built-in
   target, or None.
@@ -14,14 +11,13 @@ Contract:
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import torch
 
-from dflash2.chat import stop_token_ids
+from dflash2.chat import choose_mask_token, stop_token_ids
 from dflash2.config import DFlash2Config
 from dflash2.draft import DFlash2DraftModel, init_linear_weights, read_config
 from dflash2.engine import SpeculativeDecoder
@@ -31,23 +27,11 @@ from dflash2.targets import BUILTIN_TARGETS, load_target
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
-_CHAT_TOKENS = re.compile(r"im_start|im_end|start_of_turn|end_of_turn|bos|eos|pad|endoftext|begin_of|eot")
 
 
 def parse_dtype(name: str) -> torch.dtype:
     require(name in DTYPES, f"unknown dtype '{name}' (choose from float32, bfloat16, float16)")
     return DTYPES[name]
-
-
-def choose_mask_token(tokenizer, vocab_size: int) -> int:
-    if getattr(tokenizer, "mask_token_id", None) is not None and tokenizer.mask_token_id < vocab_size:
-        return int(tokenizer.mask_token_id)
-    added = {tok: idx for tok, idx in tokenizer.get_added_vocab().items() if idx < vocab_size}
-    for tok, idx in sorted(added.items(), key=lambda item: item[1]):
-        if "mask" in tok.lower():
-            return idx
-    unused = [idx for tok, idx in added.items() if not _CHAT_TOKENS.search(tok.lower())]
-    return max(unused) if unused else vocab_size - 1
 
 
 def new_draft(model, tokenizer, *, num_hidden_layers: int = 5, block_size: int = 8, use_conv: bool = True,

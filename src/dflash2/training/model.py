@@ -3,8 +3,8 @@
 Contract:
 - `draft_config(cfg, target_config, tokenizer)` turns the `draft` section of a `TrainConfig` into a
   `DFlash2Config` shaped for the target (attention shape and MLP width default to the target's).
-- `choose_mask_token(target_config, tokenizer)`: without `draft.mask_token_id`, the tokenizer's unk
-  token when it is distinct from bos / eos / pad, else the last vocabulary id.
+- Without `draft.mask_token_id`, the mask token is `dflash2.chat.choose_mask_token` (the same rule
+  as `dflash2 init-draft`).
 - `build_draft(cfg, target_model, tokenizer)`: a fresh draft with the SPEC initialisation
   (`init_linear_weights`: identity convolutions, neutral selector), optionally warm-started from
   the target (`warm_start_from_target`) or loaded from `draft.init_from`; bound to the target's
@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dflash2.chat import choose_mask_token
 from dflash2.config import DFlash2Config
 from dflash2.draft import DFlash2DraftModel, init_linear_weights
 from dflash2.errors import require
@@ -36,20 +37,11 @@ def _text_config(target_config):
     return target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
 
 
-def choose_mask_token(target_config, tokenizer=None) -> int:
-    text = _text_config(target_config)
-    if tokenizer is not None:
-        unk = getattr(tokenizer, "unk_token_id", None)
-        taken = {getattr(tokenizer, name, None) for name in ("bos_token_id", "eos_token_id", "pad_token_id")}
-        if unk is not None and unk not in taken and 0 <= unk < text.vocab_size:
-            return int(unk)
-    return text.vocab_size - 1
-
-
 def draft_config(cfg: TrainConfig, target_config, tokenizer=None) -> DFlash2Config:
     d = cfg.draft
     text = _text_config(target_config)
-    mask = d["mask_token_id"] if d["mask_token_id"] is not None else choose_mask_token(target_config, tokenizer)
+    mask = d["mask_token_id"] if d["mask_token_id"] is not None else (
+        choose_mask_token(tokenizer, text.vocab_size) if tokenizer is not None else text.vocab_size - 1)
     require(mask < text.vocab_size, f"config key 'draft.mask_token_id'={mask} is outside the target vocabulary "
                                     f"(vocab_size={text.vocab_size})")
     for layer in d["target_layer_ids"] or []:
