@@ -1,0 +1,258 @@
+"""Regenerate training responses with the target itself (SPEC §4: the draft imitates the target).
+
+Contract:
+- `regenerate(target, out_dir, num_prompts, ...)` loads the target, takes the training prompts of
+  `prompts_source` in the fixed shuffled order of `training_prompts(seed=seed)`, encodes each one's
+  first user turn with the target's chat template, keeps the first `num_prompts` whose encoding has
+  at most `max_prompt_tokens` tokens, generates the responses with the engine (autoregressive, or
+  speculative with `draft`, which is lossless) and stores them as token-id shards (`shards.py`).
+  Returns a summary dict (records added and stored, response tokens and tokens/s of this run).
+- `generate_shards(model, prompts, out_dir, manifest_fields, ...)` is the tokenizer-free core:
+  `prompts` are `Prompt(id, tokens)`. Pending prompts are sorted by length and decoded in batches
+  of `batch_size` (less padding); each response keeps its stop token.
+- Resumable: rerunning the same command (any `num_prompts`) skips ids already stored, so nothing is
+  duplicated; settings that change the data (target, tokenizer, prompt selection, sampling) must
+  equal the existing manifest's, else a one-line `DFlash2Error`. Interrupting (Ctrl-C or SIGTERM)
+  saves every finished record before exiting. The draft, batch size and shard size may change
+  between runs (the draft is lossless); they are recorded per run in the manifest's `runs`.
+- `main(argv)` is the command line (`dflash2 regenerate` calls it): returns 0, 2 on a user error
+  (one line on stderr) or 130 when interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import signal
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dflash2.chat import encode_prompt, stop_token_ids
+from dflash2.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.errors import DFlash2Error, require
+from dflash2.shards import Record, ShardWriter
+from dflash2.target import TargetAdapter
+
+
+@dataclass
+class Prompt:
+    id: str
+    tokens: list[int]
+
+
+def _say(message: str) -> None:
+    tqdm.write(f"dflash2 regenerate: {message}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- manifest fields
+
+def _sha256_json(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def target_fields(name: str, model) -> dict:
+    """What identifies the target: its name, architecture, config hash and a weights fingerprint."""
+    config = model.config.to_dict()
+    for volatile in ("transformers_version", "_name_or_path", "dtype", "torch_dtype"):
+        config.pop(volatile, None)
+    weights = hashlib.sha256()
+    with torch.no_grad():
+        for param_name, param in sorted(model.state_dict().items()):
+            weights.update(param_name.encode())
+            weights.update(param.detach().reshape(-1)[:256].float().cpu().numpy().tobytes())
+    return {"name": name, "model_type": model.config.model_type, "vocab_size": model.config.vocab_size,
+            "num_hidden_layers": getattr(model.config, "num_hidden_layers", None),
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "config_sha256": _sha256_json(config), "weights_fingerprint": weights.hexdigest()[:16]}
+
+
+def tokenizer_fields(tokenizer) -> dict:
+    vocab = tokenizer.get_vocab()
+    return {"class": type(tokenizer).__name__, "vocab_size": len(vocab),
+            "vocab_sha256": _sha256_json(sorted(vocab.items(), key=lambda item: item[1])),
+            "chat_template": getattr(tokenizer, "chat_template", None)}
+
+
+def sampling_fields(max_new_tokens: int, temperature: float, top_p: float, top_k: int,
+                    stop_ids, chat_template: str | None) -> dict:
+    return {"temperature": float(temperature), "top_p": float(top_p), "top_k": int(top_k),
+            "max_new_tokens": int(max_new_tokens), "stop_token_ids": sorted(int(i) for i in stop_ids),
+            "chat_template": "target's own, first user turn, generation prompt added" if chat_template
+            else "none (plain text)",
+            "chat_template_sha256": hashlib.sha256(chat_template.encode()).hexdigest() if chat_template else None}
+
+
+# --------------------------------------------------------------------------- prompts
+
+def encode_training_prompts(tokenizer, num_prompts: int, seed: int = 0, source: str = "sharegpt",
+                            max_prompt_tokens: int = 512) -> list[Prompt]:
+    """The first `num_prompts` training prompts (seeded order) whose encoding fits; ids are
+    "<dataset>:<id>"."""
+    from dflash2.prompts import training_prompts
+
+    prompts: list[Prompt] = []
+    for conversation in training_prompts(seed=seed, sources=(source,)):
+        tokens = encode_prompt(tokenizer, conversation.prompt)
+        if len(tokens) <= max_prompt_tokens:
+            prompts.append(Prompt(f"{conversation.dataset}:{conversation.id}", tokens))
+            if len(prompts) == num_prompts:
+                break
+    if len(prompts) < num_prompts:
+        _say(f"only {len(prompts)} prompts of {source} fit in {max_prompt_tokens} tokens; using them all")
+    return prompts
+
+
+# --------------------------------------------------------------------------- generation
+
+def _batches(prompts: list[Prompt], batch_size: int) -> list[list[Prompt]]:
+    ordered = sorted(prompts, key=lambda p: (len(p.tokens), p.id))
+    return [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
+
+
+def _decode_into(decoder: SpeculativeDecoder, writer: ShardWriter, pending: list[Prompt], progress: bool,
+                 batch_size: int, stop_ids, seed: int, **sampling) -> int:
+    """Decode the pending prompts batch by batch into the writer; returns the response tokens made."""
+    new_tokens, decoded, started = 0, 0, time.perf_counter()
+    with tqdm(total=len(pending), unit="rec", desc="regenerate", file=sys.stderr, dynamic_ncols=True,
+              mininterval=1.0 if sys.stderr.isatty() else 60.0, disable=not progress) as bar:
+        for batch in _batches(pending, batch_size):
+            config = GenerationConfig(**sampling, stop_token_ids=tuple(stop_ids),
+                                      seed=zlib.crc32(f"{seed}:{batch[0].id}".encode()))
+            shards_before = len(writer.manifest["shards"])
+            for prompt, result in zip(batch, decoder.generate([p.tokens for p in batch], config)):
+                writer.add(Record(prompt.id, prompt.tokens, result.tokens, result.finish_reason))
+                new_tokens += len(result.tokens)
+            elapsed = time.perf_counter() - started
+            decoded += len(batch)
+            bar.update(len(batch))
+            bar.set_postfix_str(f"{new_tokens / elapsed:.0f} tok/s", refresh=False)
+            for shard in writer.manifest["shards"][shards_before:]:
+                eta = (len(pending) - decoded) * elapsed / decoded
+                _say(f"wrote {shard['file']} ({shard['records']} records, {writer.manifest['counts']['records']} "
+                     f"stored): {new_tokens / elapsed:.1f} tok/s, {decoded * 3600 / elapsed:.0f} records/h, "
+                     f"{len(pending) - decoded} to go, ETA {eta / 3600:.2f} h")
+    return new_tokens
+
+
+def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_fields: dict, *,
+                    max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                    stop_ids=(), batch_size: int = 16, seed: int = 0, draft=None, shard_size: int = 256,
+                    run: dict | None = None, progress: bool = True) -> dict:
+    """Generate the responses of the prompts not yet stored in `out_dir` and store them."""
+    require(isinstance(batch_size, int) and batch_size > 0, f"batch_size must be a positive integer, got {batch_size!r}")
+    ids = [p.id for p in prompts]
+    require(len(set(ids)) == len(ids), "prompt ids must be unique")
+    GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k).validate()
+    draft_label = None if draft is None else str(draft) if isinstance(draft, (str, Path)) else type(draft).__name__
+    if isinstance(draft, (str, Path)):
+        from dflash2.draft import DFlash2DraftModel
+
+        draft = DFlash2DraftModel.from_pretrained(str(draft)).to(next(model.parameters()).device).eval()
+    run = {**(run or {}), "batch_size": batch_size, "shard_size": shard_size, "draft": draft_label}
+    adapter = TargetAdapter(model, None if draft is None else draft.config.target_layer_ids)
+    try:
+        decoder = SpeculativeDecoder(adapter, draft)
+        with ShardWriter(out_dir, manifest_fields, shard_size=shard_size, run=run) as writer:
+            pending = [p for p in prompts if p.id not in writer.ids]
+            stored_before = writer.manifest["counts"]["records"]
+            _say(f"{len(prompts)} prompts: {len(prompts) - len(pending)} already stored, {len(pending)} to "
+                 f"generate into {out_dir}")
+            started = time.perf_counter()
+            new_tokens = _decode_into(decoder, writer, pending, progress, batch_size, stop_ids, seed,
+                                      max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                      top_k=top_k)
+    finally:
+        adapter.close()
+    elapsed = time.perf_counter() - started
+    counts = writer.manifest["counts"]
+    summary = {"records_added": counts["records"] - stored_before, "records_stored": counts["records"],
+               "response_tokens_added": new_tokens, "seconds": round(elapsed, 1),
+               "tokens_per_second": round(new_tokens / elapsed, 1) if elapsed else 0.0,
+               "shards": len(writer.manifest["shards"])}
+    _say(f"done: {json.dumps(summary)}")
+    return summary
+
+
+def regenerate(target: str, out_dir: str | Path, num_prompts: int, max_new_tokens: int = 256,
+               temperature: float = 0.0, batch_size: int = 16, seed: int = 0, draft=None, shard_size: int = 256,
+               prompts_source: str = "sharegpt", max_prompt_tokens: int = 512, top_p: float = 1.0,
+               top_k: int = 0, progress: bool = True) -> dict:
+    """Regenerate the responses of `num_prompts` training prompts with `target` into `out_dir`."""
+    from dflash2.targets import load_target, resolve_target
+
+    require(isinstance(num_prompts, int) and num_prompts > 0, f"num_prompts must be a positive integer, got {num_prompts!r}")
+    require(isinstance(max_prompt_tokens, int) and max_prompt_tokens > 0,
+            f"max_prompt_tokens must be a positive integer, got {max_prompt_tokens!r}")
+    model, tokenizer = load_target(target)
+    prompts = encode_training_prompts(tokenizer, num_prompts, seed, prompts_source, max_prompt_tokens)
+    stop_ids = stop_token_ids(tokenizer, model.config)
+    template = getattr(tokenizer, "chat_template", None)
+    fields = {
+        "target": target_fields(target, model),
+        "tokenizer": tokenizer_fields(tokenizer),
+        "prompts": {"source": prompts_source, "seed": seed, "max_prompt_tokens": max_prompt_tokens,
+                    "selection": f"training_prompts(seed={seed}, sources=({prompts_source!r},)) order; the first "
+                                 f"user turn of the first num_prompts (see runs) encoding to <= "
+                                 f"{max_prompt_tokens} tokens"},
+        "sampling": sampling_fields(max_new_tokens, temperature, top_p, top_k, stop_ids, template),
+    }
+    run = {"num_prompts": num_prompts, "target_path": resolve_target(target),
+           "torch_threads": torch.get_num_threads()}
+    return generate_shards(model, prompts, out_dir, fields, max_new_tokens=max_new_tokens, temperature=temperature,
+                           top_p=top_p, top_k=top_k, stop_ids=stop_ids, batch_size=batch_size, seed=seed,
+                           draft=draft, shard_size=shard_size, run=run, progress=progress)
+
+
+# --------------------------------------------------------------------------- command line
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dflash2 regenerate",
+        description="Regenerate training responses with the target (resumable: rerun to continue).")
+    parser.add_argument("--target", default="smollm2", help="built-in name, local directory or hub id")
+    parser.add_argument("--out", required=True, help="output directory of token-id shards")
+    parser.add_argument("--num-prompts", type=int, required=True, help="how many prompts to have in total")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0, help="prompt order (and sampling) seed")
+    parser.add_argument("--draft", default=None, help="DFlash2 draft directory (lossless speed-up)")
+    parser.add_argument("--shard-size", type=int, default=256, help="records per shard")
+    parser.add_argument("--max-prompt-tokens", type=int, default=512, help="skip longer prompts")
+    parser.add_argument("--source", default="sharegpt", help="training prompt source")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM saves finished records, like Ctrl-C
+    try:
+        regenerate(args.target, args.out, args.num_prompts, max_new_tokens=args.max_new_tokens,
+                   temperature=args.temperature, batch_size=args.batch_size, seed=args.seed, draft=args.draft,
+                   shard_size=args.shard_size, prompts_source=args.source,
+                   max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress)
+    except DFlash2Error as error:
+        print(f"dflash2 regenerate: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dflash2 regenerate: interrupted; finished records are saved, rerun the same command to continue",
+              file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

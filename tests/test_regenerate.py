@@ -1,0 +1,220 @@
+"""Token-id shards and target regeneration, on tiny random targets with pre-tokenized prompts."""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from dflash2 import regenerate as regen
+from dflash2.errors import DFlash2Error
+from dflash2.regenerate import Prompt, generate_shards, sampling_fields, target_fields
+from dflash2.shards import Record, ShardWriter, done_ids, load_manifest, loss_mask, read_records
+from dflash2.tiny import tiny_target
+
+STOP = (2,)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target("llama", seed=0)
+
+
+def make_prompts(n: int, seed: int = 0) -> list[Prompt]:
+    rng = random.Random(seed)
+    return [Prompt(f"fake:{i}", [1] + [rng.randrange(3, 120) for _ in range(rng.randrange(2, 14))])
+            for i in range(n)]
+
+
+def fields(model, temperature: float = 0.0, max_new_tokens: int = 10) -> dict:
+    return {"target": target_fields("tiny-llama", model),
+            "prompts": {"source": "fake", "seed": 0},
+            "sampling": sampling_fields(max_new_tokens, temperature, 1.0, 0, STOP, None)}
+
+
+def run(model, prompts, out, temperature: float = 0.0, **kwargs):
+    options = dict(max_new_tokens=10, temperature=temperature, stop_ids=STOP, batch_size=3, shard_size=4,
+                   progress=False)
+    options.update(kwargs)
+    return generate_shards(model, prompts, out, fields(model, temperature, options["max_new_tokens"]), **options)
+
+
+def sample_records(n: int) -> list[Record]:
+    rng = np.random.default_rng(0)
+    return [Record(f"r{i}", rng.integers(0, 50000, size=int(rng.integers(1, 9))),
+                   rng.integers(0, 50000, size=int(rng.integers(0, 7))), "stop" if i % 3 else "length")
+            for i in range(n)]
+
+
+# --------------------------------------------------------------------------- storage
+
+def test_shard_round_trip(tmp_path):
+    records = sample_records(7)
+    with ShardWriter(tmp_path / "d", {"note": {"x": 1}}, shard_size=3) as writer:
+        for record in records:
+            writer.add(record)
+    manifest = load_manifest(tmp_path / "d")
+    assert [s["file"] for s in manifest["shards"]] == ["shard-00000.npz", "shard-00001.npz", "shard-00002.npz"]
+    assert [s["records"] for s in manifest["shards"]] == [3, 3, 1]
+    assert manifest["note"] == {"x": 1} and manifest["format_version"] == 1
+    back = list(read_records(tmp_path / "d"))
+    assert [r.id for r in back] == [r.id for r in records]
+    for got, want in zip(back, records):
+        assert got.prompt.dtype == np.int32 and np.array_equal(got.prompt, want.prompt)
+        assert np.array_equal(got.response, want.response) and got.finish_reason == want.finish_reason
+    assert done_ids(tmp_path / "d") == {r.id for r in records}
+    assert not (tmp_path / "d" / ".writer.lock").exists()
+    with np.load(tmp_path / "d" / "shard-00000.npz", allow_pickle=False) as npz:
+        assert npz["tokens"].dtype == np.int32 and npz["offsets"].tolist()[0] == 0
+
+
+def test_loss_mask_reconstruction():
+    record = Record("a", [5, 6, 7], [8, 9], "stop")
+    mask = record.loss_mask()
+    assert mask.tolist() == [False, False, False, True, True]
+    assert record.tokens[mask].tolist() == [8, 9]
+    assert loss_mask(0, 2).all() and not loss_mask(3, 3).any()
+
+
+def test_loss_mask_from_stored_shard(tmp_path, target):
+    run(target, make_prompts(5), tmp_path / "d")
+    for record in read_records(tmp_path / "d"):
+        mask = record.loss_mask()
+        assert mask.sum() == record.response.size and not mask[: record.prompt_length].any()
+        assert np.array_equal(record.tokens[mask], record.response)
+
+
+def test_bad_directories_are_refused(tmp_path):
+    with pytest.raises(DFlash2Error, match="manifest.json is missing"):
+        list(read_records(tmp_path))
+    (tmp_path / "junk.txt").write_text("x")
+    with pytest.raises(DFlash2Error, match="not empty and has no manifest.json"):
+        ShardWriter(tmp_path, {})
+    data = tmp_path / "d"
+    with ShardWriter(data, {}, shard_size=2) as writer:
+        for record in sample_records(4):
+            writer.add(record)
+    shard = data / "shard-00001.npz"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(DFlash2Error, match="does not match its sha256"):
+        list(read_records(data))
+    shard.unlink()
+    with pytest.raises(DFlash2Error, match="listed in the manifest but missing"):
+        list(read_records(data))
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["counts"]["records"] = 99
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DFlash2Error, match="counts 99 records"):
+        load_manifest(data)
+
+
+def test_writer_refuses_duplicates_and_a_second_writer(tmp_path):
+    with ShardWriter(tmp_path, {}) as writer:
+        writer.add(Record("a", [1], [2]))
+        with pytest.raises(DFlash2Error, match="already stored"):
+            writer.add(Record("a", [1], [3]))
+        with pytest.raises(DFlash2Error, match="being written by another process"):
+            ShardWriter(tmp_path, {})
+    with ShardWriter(tmp_path, {}) as writer:  # reopened: ids on disk count too
+        with pytest.raises(DFlash2Error, match="already stored"):
+            writer.add(Record("a", [1], [3]))
+
+
+def test_unlisted_shard_file_is_ignored_and_replaced(tmp_path):
+    with ShardWriter(tmp_path, {}, shard_size=2) as writer:
+        for record in sample_records(2):
+            writer.add(record)
+    (tmp_path / "shard-00001.npz").write_bytes(b"left over by a crash before the manifest was written")
+    assert len(list(read_records(tmp_path))) == 2
+    with ShardWriter(tmp_path, {}, shard_size=2) as writer:
+        writer.add(Record("new", [1], [2]))
+    assert [r.id for r in read_records(tmp_path)][-1] == "new"
+
+
+# --------------------------------------------------------------------------- regeneration
+
+def test_manifest_counts(tmp_path, target):
+    summary = run(target, make_prompts(10), tmp_path / "d")
+    manifest = load_manifest(tmp_path / "d")
+    records = list(read_records(tmp_path / "d"))
+    counts = manifest["counts"]
+    assert summary["records_added"] == counts["records"] == len(records) == 10
+    assert counts["prompt_tokens"] == sum(r.prompt_length for r in records)
+    assert counts["response_tokens"] == sum(r.response.size for r in records) == summary["response_tokens_added"]
+    assert sum(counts["finish_reasons"].values()) == 10
+    assert counts["finish_reasons"]["length"] == sum(r.response.size == 10 and r.response[-1] not in STOP
+                                                     for r in records)
+    assert [s["records"] for s in manifest["shards"]] == [4, 4, 2]
+    assert manifest["sampling"]["temperature"] == 0.0 and manifest["target"]["model_type"] == "llama"
+    prompts = {p.id: p.tokens for p in make_prompts(10)}
+    assert all(r.prompt.tolist() == prompts[r.id] for r in records)
+
+
+def test_responses_are_the_targets_greedy_output(tmp_path, target):
+    import torch
+
+    prompts = make_prompts(3)
+    run(target, prompts, tmp_path / "d", batch_size=1)
+    for record, prompt in zip(sorted(read_records(tmp_path / "d"), key=lambda r: r.id), prompts):
+        ids = torch.tensor([prompt.tokens])
+        with torch.no_grad():
+            out = target.generate(ids, max_new_tokens=10, do_sample=False, eos_token_id=list(STOP), pad_token_id=0)
+        assert record.response.tolist() == out[0, len(prompt.tokens):].tolist()
+
+
+def test_resume_does_not_duplicate(tmp_path, target):
+    out = tmp_path / "d"
+    run(target, make_prompts(5), out)
+    first = {r.id: r.tokens.tolist() for r in read_records(out)}
+    summary = run(target, make_prompts(12), out)  # same command, more prompts
+    assert summary["records_added"] == 7
+    records = list(read_records(out))
+    assert sorted(r.id for r in records) == sorted(p.id for p in make_prompts(12))
+    assert all(first[r.id] == r.tokens.tolist() for r in records if r.id in first)
+    assert run(target, make_prompts(12), out)["records_added"] == 0
+    manifest = load_manifest(out)
+    assert [entry["records_added"] for entry in manifest["runs"]] == [5, 7, 0]
+
+
+def test_interrupted_run_keeps_finished_records_and_resumes(tmp_path, target, monkeypatch):
+    out = tmp_path / "d"
+    real_generate = regen.SpeculativeDecoder.generate
+    calls = []
+
+    def flaky_generate(self, prompts, config):
+        calls.append(len(prompts))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_generate(self, prompts, config)
+
+    monkeypatch.setattr(regen.SpeculativeDecoder, "generate", flaky_generate)
+    with pytest.raises(KeyboardInterrupt):
+        run(target, make_prompts(12), out, shard_size=100)
+    assert len(done_ids(out)) == 6  # two finished batches of 3, flushed on the way out
+    monkeypatch.setattr(regen.SpeculativeDecoder, "generate", real_generate)
+    assert run(target, make_prompts(12), out)["records_added"] == 6
+    assert sorted(done_ids(out)) == sorted(p.id for p in make_prompts(12))
+
+
+def test_mismatched_settings_are_refused(tmp_path, target):
+    out = tmp_path / "d"
+    run(target, make_prompts(4), out)
+    with pytest.raises(DFlash2Error, match="sampling.temperature = 0.0, not 0.7"):
+        run(target, make_prompts(6), out, temperature=0.7)
+    with pytest.raises(DFlash2Error, match="sampling.max_new_tokens"):
+        run(target, make_prompts(6), out, max_new_tokens=5)
+    with pytest.raises(DFlash2Error, match="target.weights_fingerprint"):
+        run(tiny_target("llama", seed=1), make_prompts(6), out)
+    assert len(done_ids(out)) == 4  # nothing was added by the refused runs
+
+
+def test_sampled_regeneration_runs(tmp_path, target):
+    summary = run(target, make_prompts(4), tmp_path / "d", temperature=0.8)
+    assert summary["records_added"] == 4
+
+
+def test_cli_user_error_is_one_line(capsys, tmp_path):
+    assert regen.main(["--target", "no-such-target", "--out", str(tmp_path / "d"), "--num-prompts", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown target 'no-such-target'" in err[0]
