@@ -87,11 +87,13 @@ class TargetAdapter:
         self._hooks = []
 
     # ------------------------------------------------------------------ forward passes
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor,
+                 last_logits_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         self._captured.clear()
         with torch.inference_mode():
             out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=positions,
-                             past_key_values=self.cache, use_cache=True)
+                             past_key_values=self.cache, use_cache=True,
+                             logits_to_keep=1 if last_logits_only else 0)
         features = None
         if self.target_layer_ids:
             features = torch.cat([self._captured[i] for i in self.target_layer_ids], dim=-1)
@@ -114,7 +116,8 @@ class TargetAdapter:
         return logits, features
 
     def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run left-padded prompts; returns logits / features [b, L, ...] (pads included)."""
+        """Run left-padded prompts; returns the last position's logits [b, 1, V] and the features
+        of every position [b, L, F] (pads included)."""
         require(all(len(p) > 0 for p in prompts), "empty prompt: give at least one token")
         width = max(len(p) for p in prompts)
         ids = torch.zeros(len(prompts), width, dtype=torch.long)
@@ -128,7 +131,7 @@ class TargetAdapter:
         self.mask = mask
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         self.next_position = mask.sum(-1)
-        return self._forward(ids, positions)
+        return self._forward(ids, positions, last_logits_only=True)
 
     def step(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed ids [b, q] at each row's next positions (the cache keeps them until `keep`)."""
