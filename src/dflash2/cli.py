@@ -42,7 +42,8 @@ def _generate_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="float32", help="target dtype (exact-equality claims hold in float32)")
+    p.add_argument("--draft-dtype", default="auto", help="auto (bf16 where the hardware has it), float32, bfloat16")
     p.add_argument("--compare", action="store_true", help="also run the autoregressive baseline and compare")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
@@ -85,7 +86,7 @@ def cmd_generate(args) -> int:
     config.validate()
     if args.prompt is not None:
         require(args.prompt.strip() != "", "empty prompt: --prompt has no text")
-    pipe = load_decoder(args.target, args.draft, args.device, args.dtype, args.no_draft)
+    pipe = load_decoder(args.target, args.draft, args.device, args.dtype, args.no_draft, args.draft_dtype)
     chat = False if args.no_chat else None
     if args.messages:
         try:

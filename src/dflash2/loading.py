@@ -34,6 +34,18 @@ def parse_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def draft_dtype_for(name: str, device: str, target_dtype: torch.dtype) -> torch.dtype:
+    """`auto`: bfloat16 on CUDA and on CPUs with native bf16 matmul (the draft is memory-bound and
+    its precision cannot change the output), else the target's dtype."""
+    if name != "auto":
+        return parse_dtype(name)
+    if device.startswith("cuda"):
+        return torch.bfloat16
+    if device == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return torch.bfloat16
+    return target_dtype
+
+
 def new_draft(model, tokenizer, *, num_hidden_layers: int = 5, block_size: int = 8, use_conv: bool = True,
               use_selector: bool = True, selector_rank: int = 256, selector_top_k: int = 16,
               seed: int = 0, **shape) -> DFlash2DraftModel:
@@ -62,8 +74,9 @@ class Pipeline:
 
 
 def load_decoder(target: str = "smollm2", draft: str | None = None, device: str = "cpu",
-                 dtype: str = "float32", no_draft: bool = False) -> Pipeline:
+                 dtype: str = "float32", no_draft: bool = False, draft_dtype: str = "auto") -> Pipeline:
     torch_dtype = parse_dtype(dtype)
+    draft_torch_dtype = draft_dtype_for(draft_dtype, device, torch_dtype)
     if draft is not None and not no_draft:  # fail on a bad draft before the (slow) target load
         require(Path(draft).is_dir(), f"draft '{draft}' is not a directory with config.json and weights")
         read_config(draft)
@@ -80,10 +93,11 @@ def load_decoder(target: str = "smollm2", draft: str | None = None, device: str 
             draft_model = new_draft(model, tokenizer)
             description, trained = f"untrained DFlash2 draft for '{target}' (no trained draft ships for it yet)", False
         else:
-            draft_model, description = DFlash2DraftModel.from_pretrained(shipped, torch_dtype, device), f"shipped {shipped.name}"
+            draft_model, description = DFlash2DraftModel.from_pretrained(shipped, draft_torch_dtype, device), f"shipped {shipped.name}"
     else:
-        draft_model, description = DFlash2DraftModel.from_pretrained(draft, torch_dtype, device), f"{draft}"
-    draft_model = draft_model.to(device=device, dtype=torch_dtype)
+        draft_model, description = DFlash2DraftModel.from_pretrained(draft, draft_torch_dtype, device), f"{draft}"
+    draft_model = draft_model.to(device=device, dtype=draft_torch_dtype)
     kind = "DFlash2" if draft_model.config.is_dflash2 else "DFlash v1"
     adapter = TargetAdapter(model, draft_model.config.target_layer_ids)
-    return Pipeline(SpeculativeDecoder(adapter, draft_model), tokenizer, stops, f"{description} [{kind}]", trained)
+    return Pipeline(SpeculativeDecoder(adapter, draft_model), tokenizer, stops,
+                    f"{description} [{kind}, {str(draft_torch_dtype).removeprefix('torch.')}]", trained)
