@@ -39,6 +39,18 @@ def median_seconds(fn, repeats: int, sync) -> float:
     return statistics.median(times)
 
 
+def phase_medians(fn, repeats: int, watch: Stopwatch) -> dict[str, float]:
+    """Median per-call seconds of each Stopwatch phase that `fn` runs (after a warm-up call)."""
+    fn()
+    samples: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        before = watch.snapshot()
+        fn()
+        for phase, total in watch.snapshot().items():
+            samples.setdefault(phase, []).append(total - before.get(phase, 0.0))
+    return {phase: statistics.median(values) for phase, values in samples.items()}
+
+
 def run(target: str, draft: str | None, repeats: int, device: str, dtype: str, new_tokens: int) -> dict:
     pipe = load_decoder(target, draft, device, dtype)
     decoder, adapter, model = pipe.decoder, pipe.decoder.target, pipe.decoder.target.model
@@ -64,19 +76,27 @@ def run(target: str, draft: str | None, repeats: int, device: str, dtype: str, n
     proposer.start(features, adapter.mask)
     anchors = torch.tensor([ids[-1]], device=adapter.device)
     start = adapter.next_position.clone()
+
+    def propose(p: DraftProposer):
+        return lambda: p.propose(anchors, start, block, 0.0)
     for conv_on in (True, False):
         decoder.draft.conv_enabled = conv_on
-        proposer.stopwatch = watch = Stopwatch(device)
-        count = repeats + 1
-        for _ in range(count):
-            proposer.propose(anchors, start, block, 0.0)
+        medians = phase_medians(propose(proposer), repeats, proposer.stopwatch)
         label = "with_convs" if conv_on else "without_convs"
-        results[f"draft_forward_{label}_ms"] = 1000 * watch.totals["draft"] / count
+        results[f"draft_forward_{label}_ms"] = 1000 * medians["draft"]
         if conv_on:
-            results["selector_ms"] = 1000 * watch.totals["selector"] / count
+            results["selector_ms"] = 1000 * medians["selector"]
         steps.update()
     decoder.draft.conv_enabled = True
     results["convs_ms"] = results["draft_forward_with_convs_ms"] - results["draft_forward_without_convs_ms"]
+    # The same draft in fp32, side by side (the draft dtype cannot change the output).
+    draft_dtype = decoder.draft.fc.weight.dtype
+    if draft_dtype != torch.float32:
+        decoder.draft.float().bind_target(adapter.embed_weight(), adapter.lm_head_weight())
+        fp32 = DraftProposer(decoder.draft, Stopwatch(device))
+        fp32.start(features, adapter.mask)
+        results["draft_forward_fp32_ms"] = 1000 * phase_medians(propose(fp32), repeats, fp32.stopwatch)["draft"]
+        decoder.draft.to(draft_dtype).bind_target(adapter.embed_weight(), adapter.lm_head_weight())
     feats8 = torch.randn(1, block, features.shape[-1], device=adapter.device, dtype=features.dtype)
 
     def context_append():

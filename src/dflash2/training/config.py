@@ -54,6 +54,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "selector_rank": (_INT, 64, lambda v: v >= 1, "a positive integer"),
         "selector_top_k": (_INT, 16, lambda v: v >= 1, "a positive integer"),
         "conv_group_size": (_INT, 16, lambda v: v >= 1, "a positive integer"),
+        "final_norm_init": (_FLOAT, 0.1, lambda v: v > 0, "a positive number"),  # fresh drafts start near-uniform
         "warm_start_from_target": (_BOOL, False, None, None),
         "init_from": (_STR + "?", None, None, None),    # start from an existing draft checkpoint
     },
