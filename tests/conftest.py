@@ -54,6 +54,15 @@ class OracleDecoder(SpeculativeDecoder):
         return self.oracle
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread: tiny models run fastest on one, and a busy machine cannot oversubscribe it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_models():
     """family -> (target, draft), built once per session."""

@@ -9,23 +9,12 @@ from __future__ import annotations
 import json
 
 import matplotlib.image as mpimg
-import pytest
-import torch
 
 from dflash2.cli import main as cli_main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SUMMARY_KEYS = {"acceptance_length", "speedup", "tokens_per_second", "mismatches", "time_per_output_token_ms",
                 "position_acceptance", "histogram", "baseline_tokens_per_second"}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: on a shared 2-core machine this is both faster and steadier."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def assert_pngs(out, names):

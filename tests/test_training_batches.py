@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training_util import one_thread  # noqa: F401 (autouse fixture)
+
 from dflash2.proposer import DraftProposer
 from dflash2.tiny import tiny_draft, tiny_target
 from dflash2.training.batches import Example, anchor_generator, block_attention_mask, build_batch, sample_anchors

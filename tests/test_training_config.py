@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from training_util import one_thread  # noqa: F401 (autouse fixture)
+
 from dflash2.errors import DFlash2Error
 from dflash2.tiny import tiny_target
 from dflash2.training.config import TrainConfig, load_config

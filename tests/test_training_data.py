@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from training_util import one_thread, synthetic_sequences  # noqa: F401 (autouse fixture)
+from training_util import synthetic_sequences
 from dflash2.shards import Record, ShardWriter
 from dflash2.target import TargetAdapter
 from dflash2.tiny import tiny_target

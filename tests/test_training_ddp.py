@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from training_util import small_config, synthetic_sequences, one_thread  # noqa: F401 (autouse fixture)
+from training_util import small_config, synthetic_sequences
 from dflash2.tiny import tiny_target
 from dflash2.training.trainer import Trainer
 

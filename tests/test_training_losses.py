@@ -12,7 +12,7 @@ from dflash2.tiny import tiny_draft, tiny_target
 from dflash2.training.batches import Example, build_batch
 from dflash2.training.losses import block_losses, position_weights
 from dflash2.training.trainer import Trainer
-from training_util import small_config, synthetic_sequences, one_thread  # noqa: F401 (autouse fixture)
+from training_util import small_config, synthetic_sequences
 
 
 def _setup(use_selector=True, seed=0):

@@ -8,7 +8,7 @@ import torch
 from dflash2.draft import DFlash2DraftModel
 from dflash2.tiny import tiny_target
 from dflash2.training.trainer import Trainer
-from training_util import small_config, synthetic_sequences, one_thread  # noqa: F401 (autouse fixture)
+from training_util import small_config, synthetic_sequences
 
 TIMING = ("tokens_per_s",)
 

@@ -1,7 +1,6 @@
 """Helpers shared by the training tests: synthetic sequences and small configs for tiny targets."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from dflash2.training.config import TrainConfig
@@ -35,12 +34,3 @@ def small_config(output_dir, **sections) -> TrainConfig:
     for section, values in sections.items():
         raw.setdefault(section, {}).update(values)
     return TrainConfig.from_dict(raw)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and a busy machine then cannot oversubscribe them."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
