@@ -122,7 +122,7 @@ def _run_streaming(pipe, ids, config, echo: bool):
     tokens: list[int] = []
     printed = ""
     result = None
-    for _row, new, final in pipe.decoder._decode([ids], config):
+    for _row, new, final in pipe.decoder.decode_events([ids], config):
         tokens += new
         if echo:
             text = pipe.tokenizer.decode(tokens, skip_special_tokens=True)

@@ -7,7 +7,8 @@ Contract:
   own acceptance (rows that accept more advance more; the caches are re-aligned, never truncated
   to the slowest row) and leaves the batch when it hits a stop token or `max_new_tokens`, both
   honoured exactly even in the middle of a block. Returns one `GenerationResult` per prompt.
-- `stream(prompt, config)` yields the tokens committed by each cycle for one prompt.
+- `stream(prompt, config)` yields the tokens committed by each cycle for one prompt;
+  `decode_events(prompts, config)` yields (prompt index, new tokens, final result or None) for a batch.
 - Greedy output equals the target's greedy output token for token; sampled output follows the
   target's processed distribution exactly (see `acceptance.py`).
 """
@@ -103,13 +104,13 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ public API
     def generate(self, prompts: list[list[int]], config: GenerationConfig) -> list[GenerationResult]:
         results: list[GenerationResult | None] = [None] * len(prompts)
-        for row, _tokens, result in self._decode(prompts, config):
+        for row, _tokens, result in self.decode_events(prompts, config):
             if result is not None:
                 results[row] = result
         return results  # type: ignore[return-value]
 
     def stream(self, prompt: list[int], config: GenerationConfig) -> Iterator[list[int]]:
-        for _row, tokens, _result in self._decode([prompt], config):
+        for _row, tokens, _result in self.decode_events([prompt], config):
             if tokens:
                 yield tokens
 
@@ -121,7 +122,7 @@ class SpeculativeDecoder:
         return None if self.draft is None else DraftProposer(self.draft, stopwatch)
 
     # ------------------------------------------------------------------ the loop
-    def _decode(self, prompts: list[list[int]], config: GenerationConfig):
+    def decode_events(self, prompts: list[list[int]], config: GenerationConfig):
         """Yields (row, newly committed tokens, final result or None) as decoding goes."""
         config.validate()
         require(len(prompts) > 0, "no prompts given")
@@ -191,12 +192,14 @@ class SpeculativeDecoder:
                 self.target.keep(counts, block)
                 if proposer is not None:
                     proposer.append(features, counts, start)
+            # One host copy per tensor, not one per row.
+            accepted_list, drafts_list, bonus_list = accepted.tolist(), drafts.tolist(), bonus.tolist()
             for row, prompt_index in enumerate(active):
-                n = int(accepted[row])
+                n = accepted_list[row]
                 stats[prompt_index].cycles += 1
                 for k in range(n):
                     stats[prompt_index].accepted_at_position[k] += 1
-                committed[row] = drafts[row, :n].tolist() + [int(bonus[row])]
+                committed[row] = drafts_list[row][:n] + [bonus_list[row]]
             anchors = bonus
 
     # ------------------------------------------------------------------ pieces of a cycle
