@@ -1,6 +1,8 @@
 """Shared fixtures: tiny random targets/drafts, and oracle proposers for acceptance tests."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -71,3 +73,16 @@ def tiny_models():
         target = tiny_target(family)
         out[family] = (target, tiny_draft(target))
     return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_cache(tmp_path_factory):
+    """One real conversion of SmolLM2 (about 20 s on two cores) into a private cache, shared by the
+    session: (cache dir, converted target dir). Tests that load "smollm2" set DFLASH2_CACHE to it."""
+    from dflash2 import targets
+
+    cache = tmp_path_factory.mktemp("dflash2-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DFLASH2_CACHE", str(cache))
+        resolved = targets.resolve_target("smollm2")
+    return cache, Path(resolved)

@@ -57,6 +57,22 @@ def test_bench_smoke(tmp_path):
     assert_pngs(out, results["plots"])
 
 
+def test_bench_without_baseline_reports_the_same_acceptance(tmp_path):
+    """--no-baseline (draft comparisons) skips the AR runs but decodes exactly as the full bench."""
+    common = ["bench", "--tiny", "--datasets", "gsm8k,mt-bench", "--num-prompts", "2", "--max-new-tokens", "12",
+              "--concurrency", "2"]
+    assert cli_main(common + ["--output", str(tmp_path / "full")]) == 0
+    assert cli_main(common + ["--no-baseline", "--output", str(tmp_path / "fast")]) == 0
+    full = json.loads((tmp_path / "full" / "results.json").read_text())
+    fast = json.loads((tmp_path / "fast" / "results.json").read_text())
+    for name in ("gsm8k", "mt-bench"):
+        assert fast["datasets"][name]["acceptance_length"] == full["datasets"][name]["acceptance_length"]
+        assert fast["datasets"][name]["sequences"] == full["datasets"][name]["sequences"]
+        assert fast["datasets"][name]["speedup"] is None and fast["datasets"][name]["mismatches"] is None
+    assert fast["overall"]["cycles"] == full["overall"]["cycles"]
+    assert_pngs(tmp_path / "fast", fast["plots"])
+
+
 def test_analyze_smoke(tmp_path):
     out = tmp_path / "analyze"
     status = cli_main(["analyze", "--tiny", "--dataset", "gsm8k,humaneval", "--num-prompts", "1",

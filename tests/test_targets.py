@@ -74,16 +74,6 @@ def test_failed_conversion_leaves_nothing_behind(monkeypatch, tmp_path):
     assert list((tmp_path / "targets").iterdir()) == []
 
 
-@pytest.fixture(scope="module")
-def smollm2_cache(tmp_path_factory):
-    """One real conversion of SmolLM2 (about 20 s on two cores) into a private cache."""
-    cache = tmp_path_factory.mktemp("dflash2-cache")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DFLASH2_CACHE", str(cache))
-        resolved = targets.resolve_target("smollm2")
-        yield cache, Path(resolved)
-
-
 def test_smollm2_conversion_writes_a_plain_float32_checkpoint(smollm2_cache):
     cache, directory = smollm2_cache
     assert directory == cache / "targets" / "smollm2"

@@ -74,3 +74,16 @@ def test_shipped_configs_load(name):
     assert cfg.target["name"] == "smollm2"
     assert cfg.draft["use_conv"] == (name in ("smollm2-dflash2", "smollm2-conv-only"))
     assert cfg.draft["use_selector"] == (name in ("smollm2-dflash2", "smollm2-selector-only"))
+
+
+def test_precision_auto_picks_bf16_only_where_it_is_fast():
+    import torch
+
+    from dflash2.training.trainer import autocast_dtype
+
+    cpu = torch.device("cpu")
+    assert autocast_dtype("fp32", cpu) is None
+    assert autocast_dtype("bf16", cpu) is torch.bfloat16
+    assert autocast_dtype("auto", torch.device("cuda")) is torch.bfloat16
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert autocast_dtype("auto", cpu) is (torch.bfloat16 if native else None)

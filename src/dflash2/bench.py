@@ -16,6 +16,9 @@ Per dataset and overall, at every concurrency, it reports:
   token), speedup = autoregressive TPOT / speculative TPOT, phase times;
 - at T=0, `mismatches`: sequences whose speculative output differs from the autoregressive one
   (0 expected in float32); None when sampling.
+`--no-baseline` skips the autoregressive runs (acceptance length and throughput only; speedup and
+mismatches are None), e.g. for comparing drafts; MT-Bench's next turn then follows the speculative
+answer (a target sample either way; identical to the autoregressive one at T=0).
 With `--peers [hf,pld,dflash]` it also runs the peers of `dflash2.peers` at batch 1.
 Writes OUTPUT/results.json, results.md and the PNG plots of `dflash2.plots`.
 """
@@ -85,6 +88,8 @@ def parse_args(argv):
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (official: 1.0)")
     p.add_argument("--top-p", type=float, default=1.0, help="official: 0.95")
     p.add_argument("--top-k", type=int, default=0, help="official: 20")
+    p.add_argument("--no-baseline", action="store_true", help="skip the autoregressive runs: acceptance length and "
+                   "throughput only (no speedup, no lossless check); the next MT-Bench turn follows the speculative answer")
     p.add_argument("--concurrency", default="1", help="comma list of batch sizes, e.g. 1,8,32")
     p.add_argument("--output", default="runs/bench", help="directory for results.json, results.md and plots")
     p.add_argument("--peers", nargs="?", const="all", default=None,
@@ -115,6 +120,8 @@ def run_pair(ar: SpeculativeDecoder, spec: SpeculativeDecoder, prompts, batch: i
     for start in tqdm(range(0, len(prompts), batch), desc=desc, unit="batch", leave=False):
         chunk = prompts[start:start + batch]
         for decoder, side in zip((ar, spec), sides):
+            if decoder is None:  # --no-baseline
+                continue
             clock = time.perf_counter()
             results = decoder.generate(chunk, config)
             side.add(results, time.perf_counter() - clock)
@@ -145,6 +152,9 @@ def summarize(sides: list[Side], block: int) -> dict:
 
 def entry(ar_sides: list[Side], spec_sides: list[Side], block: int, greedy: bool) -> dict:
     spec, ar = summarize(spec_sides, block), summarize(ar_sides, 1)
+    if not ar["sequences"]:  # --no-baseline
+        ar["time_per_output_token_ms"] = None
+        greedy = False
     pairs = [(a, s) for ar_side, spec_side in zip(ar_sides, spec_sides)
              for a, s in zip(ar_side.outputs, spec_side.outputs)]
     out = dict(spec)
@@ -173,7 +183,7 @@ def bench_dataset(pipe: Pipeline, ar: SpeculativeDecoder, name: str, conversatio
             ar_side, spec_side = run_pair(ar, pipe.decoder, prompts, c, config, f"{name} turn {turn + 1} c={c}")
             runs[c][0].append(ar_side)
             runs[c][1].append(spec_side)
-        answers = runs[concurrency[0]][0][-1].outputs
+        answers = runs[concurrency[0]][0 if ar is not None else 1][-1].outputs
         for i, answer in zip(active, answers):  # the next turn continues with the target's own answer
             histories[i].append({"role": "assistant", "content": pipe.tokenizer.decode(answer, skip_special_tokens=True)})
         all_prompts += prompts
@@ -239,13 +249,14 @@ def run_bench(pipe: Pipeline, args) -> dict:
                               top_k=args.top_k, stop_token_ids=tuple(pipe.stop_token_ids), seed=args.seed)
     config.validate()
     greedy = config.temperature <= 0
-    ar = SpeculativeDecoder(pipe.decoder.target)
+    ar = None if getattr(args, "no_baseline", False) else SpeculativeDecoder(pipe.decoder.target)
     block = pipe.decoder.block_size(config)
     concurrency = args.concurrency_list
     print(f"# bench: draft {pipe.draft_description}; block {block}; concurrency {concurrency}", file=sys.stderr)
     warm = first_prompt(pipe, conversations)
     for decoder in (ar, pipe.decoder):  # untimed warm-up: first-call overheads hit neither side's figures
-        decoder.generate([warm], GenerationConfig(max_new_tokens=min(8, args.max_new_tokens), seed=args.seed))
+        if decoder is not None:
+            decoder.generate([warm], GenerationConfig(max_new_tokens=min(8, args.max_new_tokens), seed=args.seed))
 
     datasets, all_runs, peer_prompts, peer_refs, our_cycles = {}, {c: ([], []) for c in concurrency}, {}, {}, {}
     for name, convs in conversations.items():

@@ -6,7 +6,7 @@ Contract: `main(argv)` dispatches subcommands and returns an exit status. Every 
     dflash2 generate --prompt TEXT [--target smollm2] [--draft DIR | --no-draft] [--compare] [--json]
     dflash2 init-draft --target T --out DIR [--layers 5] [--block-size 8] [--no-conv] [--no-selector]
     dflash2 convert-target NAME            # convert a built-in GGUF target once, into the cache
-    dflash2 regenerate ... / train ... / bench ... / analyze ...   (see each command's --help)
+    dflash2 regenerate ... / train ... / ablation ... / bench ... / analyze ...   (see each command's --help)
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from dflash2.errors import DFlash2Error, require
 _DELEGATED = {
     "regenerate": ("dflash2.regenerate", "regenerate training responses with the target"),
     "train": ("dflash2.training.trainer", "train a draft from a YAML config"),
+    "ablation": ("dflash2.training.ablation", "equal-budget ablation: DFlash v1, +selector, +convs, DFlash2"),
     "bench": ("dflash2.bench", "benchmark acceptance length, speed and losslessness"),
     "analyze": ("dflash2.analyze", "analyse a draft: recall, oracle selector, suffix decay"),
 }

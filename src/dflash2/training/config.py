@@ -81,7 +81,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "batch_size": (_INT, 8, lambda v: v >= 1, "a positive integer (sequences per optimiser step, all ranks)"),
         "grad_accum": (_INT, 1, lambda v: v >= 1, "a positive integer"),
         "seed": (_INT, 0, None, None),
-        "precision": (_STR, "fp32", lambda v: v in ("fp32", "bf16"), "'fp32' or 'bf16'"),
+        "precision": (_STR, "fp32", lambda v: v in ("fp32", "bf16", "auto"), "'fp32', 'bf16' or 'auto'"),
         "device": (_STR, "auto", lambda v: v in ("auto", "cpu", "cuda"), "'auto', 'cpu' or 'cuda'"),
         "parallel": (_STR, "ddp", lambda v: v in ("ddp", "fsdp"), "'ddp' or 'fsdp'"),
         "output_dir": (_STR, "runs/dflash2", None, None),

@@ -17,8 +17,9 @@ Contract:
   hidden_projection); the draft hidden state and unary logits enter it detached, so the backbone is
   shaped by the token CE alone and the selector cannot trade token accuracy for pair scores.
   `selector_grad_to_backbone=True` lets it flow into the backbone too (an ablation switch).
-- Memory: logits are built CHUNK positions at a time inside `torch.utils.checkpoint`, so at most one
-  chunk's [chunk, V] fp32 logits (plus its softmax / gradient) are alive, in forward and backward.
+- Memory and cost: the token CE goes through `head_ce.head_cross_entropy`, which builds logits
+  CHUNK positions at a time and forms their gradient on the spot, so at most one chunk's [chunk, V]
+  fp32 logits are alive and the LM head is multiplied twice per chunk (forward, gradient).
 - `stats` holds detached sums (see `STAT_KEYS`) that add across micro-batches and ranks; 
   `summarise(stats)` turns them into the logged metrics: loss parts, teacher-forced acceptance
   length (tau with the selector walk, tau_base with per-position argmax), per-position top-1,
@@ -35,9 +36,9 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from dflash2.training.batches import Batch
+from dflash2.training.head_ce import candidate_logits, head_cross_entropy
 
 STAT_KEYS = ("weight", "weight_topk", "ce", "selector", "blocks", "tau", "tau_base", "count", "top1", "topk", "selector_ok")
 
@@ -55,25 +56,21 @@ def label_weights(batch: Batch, weights: torch.Tensor) -> torch.Tensor:
     return batch.label_mask.float() * weights.to(batch.label_mask.device)
 
 
-def _chunk(draft, hidden, labels, predecessors, top_k: int, selector_grad_to_backbone: bool):
-    """One chunk of positions: hidden [C, H], labels / predecessors [C]
-    -> ce [C], selector ce [C], top1 / topk / selector-correct [C] bool."""
-    logits = draft.logits(hidden)                                            # [C, V] fp32
-    ce = F.cross_entropy(logits, labels, reduction="none")                   # [C]
-    top1 = logits.argmax(dim=-1) == labels
-    cand_logits, cand_ids = logits.topk(min(top_k, logits.shape[-1]), dim=-1)  # [C, K]
-    hit = cand_ids == labels[:, None]                                        # [C, K]
+def _selector_ce(draft, hidden, labels, predecessors, cand_ids, selector_grad_to_backbone: bool):
+    """Selector CE over the top-K candidates: hidden [P, H], labels / predecessors [P], cand_ids [P, K]
+    -> (sel_ce [P], sel_ok [P] bool); both are 0 / False where the label is not a candidate."""
+    hit = cand_ids == labels[:, None]                                        # [P, K]
     in_topk = hit.any(dim=-1)
-    selector = draft.selector
-    if selector is None:
-        return ce, torch.zeros_like(ce), top1, in_topk, top1
     target = hit.float().argmax(dim=-1)                                      # index of the label
+    c = draft.config
+    cand_logits = candidate_logits(hidden, draft.lm_head_weight, cand_ids, c.output_multiplier,
+                                   c.final_logit_softcapping)                # [P, K]
     if not selector_grad_to_backbone:
         hidden, cand_logits = hidden.detach(), cand_logits.detach()
-    scores = selector.scores_given_predecessors(hidden, predecessors[:, None], cand_ids, cand_logits)[:, 0]  # [C, K]
-    sel_ce = F.cross_entropy(scores, target, reduction="none") * in_topk
+    scores = draft.selector.scores_given_predecessors(hidden, predecessors[:, None], cand_ids, cand_logits)[:, 0]
+    sel_ce = F.cross_entropy(scores.float(), target, reduction="none") * in_topk
     sel_ok = (scores.argmax(dim=-1) == target) & in_topk
-    return ce, sel_ce, top1, in_topk, sel_ok
+    return sel_ce, sel_ok
 
 
 def _leading_correct(correct: torch.Tensor) -> torch.Tensor:
@@ -104,25 +101,18 @@ def block_losses(draft, hidden: torch.Tensor, batch: Batch, weights: torch.Tenso
     if draft.selector is not None:
         top_k = draft.selector.top_k
 
-    ce_sum = hid.new_zeros((), dtype=torch.float32)
-    sel_sum = hid.new_zeros((), dtype=torch.float32)
-    topk_weight = hid.new_zeros((), dtype=torch.float32)
-    parts = {"top1": [], "topk": [], "selector_ok": []}
-    for start in range(0, hid.shape[0], chunk):
-        piece = slice(start, start + chunk)
-        if torch.is_grad_enabled() and hid.requires_grad:
-            ce, sel_ce, top1, topk, sel_ok = checkpoint(
-                _chunk, draft, hid[piece], lab[piece], prv[piece], top_k, selector_grad_to_backbone,
-                use_reentrant=False)
-        else:
-            ce, sel_ce, top1, topk, sel_ok = _chunk(draft, hid[piece], lab[piece], prv[piece], top_k,
-                                                    selector_grad_to_backbone)
-        ce_sum = ce_sum + (wt[piece] * ce).sum()
-        sel_sum = sel_sum + (wt[piece] * sel_ce).sum()
-        topk_weight = topk_weight + (wt[piece] * topk).sum().detach()
-        parts["top1"].append(top1)
-        parts["topk"].append(topk)
-        parts["selector_ok"].append(sel_ok)
+    c = draft.config
+    ce, top1, cand_ids = head_cross_entropy(hid, draft.lm_head_weight, lab, top_k=top_k, chunk=chunk,
+                                            multiplier=c.output_multiplier, softcap=c.final_logit_softcapping)
+    in_topk = (cand_ids == lab[:, None]).any(dim=-1)
+    if draft.selector is not None:
+        sel_ce, sel_ok = _selector_ce(draft, hid, lab, prv, cand_ids, selector_grad_to_backbone)
+    else:
+        sel_ce, sel_ok = torch.zeros_like(ce), top1
+    ce_sum = (wt * ce).sum()
+    sel_sum = (wt * sel_ce).sum()
+    topk_weight = (wt * in_topk).sum().detach()
+    parts = {"top1": top1, "topk": in_topk, "selector_ok": sel_ok}
     loss = (ce_sum + selector_weight * sel_sum) / normaliser
 
     # ---- detached statistics (sums) -------------------------------------------------------
@@ -130,7 +120,7 @@ def block_losses(draft, hidden: torch.Tensor, batch: Batch, weights: torch.Tenso
         def scatter(name: str) -> torch.Tensor:                              # -> [b, N, T] bool
             dense = torch.zeros(b * n * t, dtype=torch.bool, device=device)
             if real:
-                dense[index] = torch.cat(parts[name])
+                dense[index] = parts[name]
             return dense.view(b, n, t)
 
         top1, topk, sel_ok = scatter("top1"), scatter("topk"), scatter("selector_ok")

@@ -62,6 +62,15 @@ def lr_factor(step: int, total: int, warmup_fraction: float, min_ratio: float) -
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """`train.precision` -> the autocast dtype (None = plain fp32). `auto` is bf16 on CUDA and on CPUs
+    with native bf16 matmul (where it runs a step ~2x faster), fp32 elsewhere."""
+    if precision == "auto":
+        fast = device.type == "cuda" or (device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        precision = "bf16" if fast else "fp32"
+    return torch.bfloat16 if precision == "bf16" else None
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, *, target_model=None, tokenizer=None, train_sequences=None,
                  eval_sequences=None, dist: Dist | None = None):
@@ -69,7 +78,7 @@ class Trainer:
         t, d = cfg.train, cfg.data
         self.dist = dist or Dist.from_env(t["device"])
         device = self.dist.device
-        self.autocast_dtype = torch.bfloat16 if t["precision"] == "bf16" else None
+        self.autocast_dtype = autocast_dtype(t["precision"], device)
         target_dtype = torch.bfloat16 if (self.autocast_dtype and device.type == "cuda") else torch.float32
         if target_model is None:
             from dflash2.targets import load_target

@@ -1,0 +1,163 @@
+"""`dflash2 ablation CONFIG.yaml`: the equal-budget component ablation of SPEC §4 / issue 3.
+
+Contract:
+- Arms (`ARMS`): DFlash v1 (no selector, no convs), v1 + selector, v1 + convs, DFlash2 (both). Every
+  arm trains from the SAME config (`CONFIG.yaml` plus the `key=value` overrides: same data, steps,
+  batch, seed, schedule); only `draft.use_selector` / `draft.use_conv` differ. Arm `a` trains into
+  `OUTPUT/a` (`train.output_dir` is set per arm) and is then measured with `dflash2 bench
+  --no-baseline` (real speculative decoding on the target, acceptance length only) at T=0 and at
+  the official T=1 (top-p 0.95, top-k 20) on `--datasets` x `--num-prompts` prompts, in
+  `OUTPUT/a/bench-t0` and `OUTPUT/a/bench-t1`.
+- Resumable: an arm whose `final/` exists is not retrained, a bench whose results.json exists is
+  not rerun (delete them to redo). Training wall time is recorded per arm when it trains.
+- Writes `OUTPUT/ablation.json`, `OUTPUT/ablation.md` (tau per dataset and mean, T=0 and T=1;
+  training steps, tokens, time; last teacher-forced metrics) and `OUTPUT/ablation-curves.png`
+  (teacher-forced acceptance length vs training tokens, one line per arm).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from dflash2 import bench
+from dflash2.benchkit import build_pipeline, fmt, git_commit, machine_info, machine_line, markdown_table, parse_list
+from dflash2.benchkit import write_json, write_text
+from dflash2.errors import require
+from dflash2.fileio import atomic_write
+from dflash2.training.config import load_config
+
+ARMS = {  # name -> (use_selector, use_conv)
+    "dflash-v1": (False, False),
+    "v1+selector": (True, False),
+    "v1+convs": (False, True),
+    "dflash2": (True, True),
+}
+TEMPERATURES = {"t0": ["--temperature", "0"], "t1": ["--temperature", "1", "--top-p", "0.95", "--top-k", "20"]}
+
+
+def train_arm(config_path: str, overrides: list[str], arm: str, out: Path) -> dict:
+    """Train one arm (unless its final/ exists) -> {"seconds": ..., "summary": ...}."""
+    from dflash2.training.trainer import Trainer
+
+    run_dir = out / arm
+    record = run_dir / "ablation-train.json"
+    if (run_dir / "final").is_dir() and record.is_file():
+        return json.loads(record.read_text())
+    use_selector, use_conv = ARMS[arm]
+    cfg = load_config(config_path, [*overrides, f"draft.use_selector={str(use_selector).lower()}",
+                                    f"draft.use_conv={str(use_conv).lower()}", f"train.output_dir={run_dir}"])
+    print(f"# ablation: training {arm}", file=sys.stderr)
+    trainer = Trainer(cfg)
+    clock = time.perf_counter()
+    try:
+        summary = trainer.train(resume=(run_dir / "checkpoints").is_dir())
+    finally:
+        trainer.close()
+    result = {"seconds": time.perf_counter() - clock, "summary": summary, "data": trainer.data_counts}
+    with atomic_write(record, "w") as handle:
+        json.dump(result, handle, indent=2)
+    return result
+
+
+def bench_arm(arm_dir: Path, temperature: str, args) -> dict:
+    out = arm_dir / f"bench-{temperature}"
+    if (out / "results.json").is_file():
+        return json.loads((out / "results.json").read_text())
+    argv = ["--target", args.target, "--draft", str(arm_dir / "final"), "--datasets", args.datasets,
+            "--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens),
+            "--concurrency", str(args.concurrency), "--no-baseline", "--output", str(out), "--seed", "0",
+            *TEMPERATURES[temperature]]
+    bench_args = bench.parse_args(argv)
+    return bench.run_bench(build_pipeline(bench_args), bench_args)
+
+
+def curve(metrics_path: Path) -> list[tuple[int, float]]:
+    """(training tokens, teacher-forced tau) of every logged train record."""
+    points = []
+    for line in metrics_path.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("split") == "train":
+            points.append((record["tokens"], record["tau"]))
+    return points
+
+
+def plot_curves(curves: dict[str, list[tuple[int, float]]], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    try:
+        for arm, points in curves.items():
+            if points:
+                ax.plot([p[0] / 1e6 for p in points], [p[1] for p in points], label=arm, marker=".", markersize=3)
+        ax.set_xlabel("training tokens (millions, prompt + response)")
+        ax.set_ylabel("teacher-forced acceptance length")
+        ax.set_title("Equal-budget ablation: learning curves")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(png, dpi=110)
+    finally:
+        plt.close(fig)
+
+
+def report(out: Path, arms: list[str], trained: dict, benches: dict, datasets: list[str], command: str) -> dict:
+    rows, result = [], {"arms": {}, "datasets": datasets, "command": command, "commit": git_commit(),
+                        "machine": machine_line(machine_info())}
+    for arm in arms:
+        summary = trained[arm]["summary"]
+        last = summary.get("last", {})
+        entry = {"train_seconds": trained[arm]["seconds"], "steps": summary["steps"], "tokens": summary["tokens"],
+                 "teacher_forced_tau": last.get("tau"), "teacher_forced_tau_base": last.get("tau_base")}
+        for temp, results in benches[arm].items():
+            entry[temp] = {name: results["datasets"][name]["acceptance_length"] for name in datasets}
+            entry[temp]["mean"] = results["overall"]["mean_over_datasets"]
+        result["arms"][arm] = entry
+        rows.append([arm] + [entry["t0"][n] for n in datasets] + [entry["t0"]["mean"], entry["t1"]["mean"],
+                     entry["teacher_forced_tau"], entry["steps"], entry["tokens"], entry["train_seconds"] / 60])
+    headers = ["arm"] + [f"{n} T=0" for n in datasets] + ["mean T=0", "mean T=1", "teacher-forced tau",
+                                                        "steps", "tokens", "train min"]
+    t1_rows = [[arm] + [result["arms"][arm]["t1"][n] for n in datasets] + [result["arms"][arm]["t1"]["mean"]]
+               for arm in arms]
+    text = "\n".join([
+        "# Equal-budget ablation\n", f"- command: `{command}`", f"- commit {result['commit']}; {result['machine']}",
+        "- tau = acceptance length of real speculative decoding (bonus counted) with `dflash2 bench --no-baseline`\n",
+        "## T=0\n", markdown_table(headers, rows), "## T=1 (top-p 0.95, top-k 20)\n",
+        markdown_table(["arm"] + datasets + ["mean"], t1_rows), "![curves](ablation-curves.png)\n"])
+    write_text(out / "ablation.md", text)
+    write_json(out / "ablation.json", result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="dflash2 ablation", description="Equal-budget ablation: DFlash v1, +selector, "
+                                "+convs, DFlash2 trained alike and measured by real speculative decoding.")
+    p.add_argument("config", help="base YAML training config (e.g. configs/smollm2-dflash2.yaml)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides applied to every arm, e.g. train.steps=150")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {', '.join(ARMS)}")
+    p.add_argument("--output", default="runs/ablation")
+    p.add_argument("--target", default="smollm2")
+    p.add_argument("--datasets", default="gsm8k,math500,humaneval,mbpp,mt-bench")
+    p.add_argument("--num-prompts", type=int, default=24)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=8)
+    args = p.parse_args(argv)
+    arms = parse_list(args.arms, "--arms")
+    unknown = [a for a in arms if a not in ARMS]
+    require(not unknown, f"--arms: unknown arm '{unknown[0] if unknown else ''}' (choose from {', '.join(ARMS)})")
+    load_config(args.config, args.overrides)  # bad config values fail here, before any training
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    trained = {arm: train_arm(args.config, args.overrides, arm, out) for arm in arms}
+    benches = {arm: {temp: bench_arm(out / arm, temp, args) for temp in TEMPERATURES} for arm in arms}
+    plot_curves({arm: curve(out / arm / "metrics.jsonl") for arm in arms}, out / "ablation-curves.png")
+    command = "dflash2 ablation " + " ".join(argv if argv is not None else sys.argv[1:])
+    result = report(out, arms, trained, benches, parse_list(args.datasets, "--datasets"), command)
+    for arm, entry in result["arms"].items():
+        print(f"# {arm}: tau T=0 {fmt(entry['t0']['mean'])}, T=1 {fmt(entry['t1']['mean'])}", file=sys.stderr)
+    return 0
