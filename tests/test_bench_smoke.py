@@ -73,6 +73,27 @@ def test_bench_without_baseline_reports_the_same_acceptance(tmp_path):
     assert_pngs(tmp_path / "fast", fast["plots"])
 
 
+def test_bench_resume_reuses_only_matching_parts(tmp_path):
+    out = tmp_path / "bench"
+    argv = ["bench", "--tiny", "--datasets", "gsm8k,mt-bench", "--num-prompts", "2", "--max-new-tokens", "10",
+            "--concurrency", "1", "--peers", "hf", "--output", str(out)]
+    assert cli_main(argv) == 0
+    first = json.loads((out / "results.json").read_text())
+    assert first["settings"]["resumed_parts"] == []
+    (out / "parts" / "dataset-mt-bench.json").unlink()  # as if interrupted during mt-bench
+    assert cli_main(argv + ["--resume"]) == 0
+    second = json.loads((out / "results.json").read_text())
+    assert second["settings"]["resumed_parts"] == ["dataset-gsm8k", "peers-hf"]
+    for name in ("gsm8k", "mt-bench"):
+        for key in ("acceptance_length", "new_tokens", "cycles", "histogram", "mismatches"):
+            assert second["datasets"][name][key] == first["datasets"][name][key], (name, key)
+    assert second["datasets"]["gsm8k"]["seconds"] == first["datasets"]["gsm8k"]["seconds"]  # reused, not rerun
+    assert second["peers"]["hf_generate"] == first["peers"]["hf_generate"]
+    other = argv[:argv.index("--max-new-tokens") + 1] + ["9"] + argv[argv.index("--max-new-tokens") + 2:]
+    assert cli_main(other + ["--resume"]) == 0  # different settings: nothing reused
+    assert json.loads((out / "results.json").read_text())["settings"]["resumed_parts"] == []
+
+
 def test_analyze_smoke(tmp_path):
     out = tmp_path / "analyze"
     status = cli_main(["analyze", "--tiny", "--dataset", "gsm8k,humaneval", "--num-prompts", "1",

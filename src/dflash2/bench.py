@@ -16,6 +16,8 @@ Per dataset and overall, at every concurrency, it reports:
   token), speedup = autoregressive TPOT / speculative TPOT, phase times;
 - at T=0, `mismatches`: sequences whose speculative output differs from the autoregressive one
   (0 expected in float32); None when sampling.
+Every finished dataset and peer group is saved under OUTPUT/parts (`benchparts`); `--resume`
+reuses those of an interrupted run with identical settings, weights and code.
 `--no-baseline` skips the autoregressive runs (acceptance length and throughput only; speedup and
 mismatches are None), e.g. for comparing drafts; MT-Bench's next turn then follows the speculative
 answer (a target sample either way; identical to the autoregressive one at T=0).
@@ -27,13 +29,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
 
 from dflash2 import peers as peer_runs
 from dflash2 import plots
+from dflash2.benchparts import PartStore, run_fingerprint, weights_digest
 from dflash2.benchkit import (add_model_arguments, build_pipeline, fmt, git_commit, load_conversations, machine_info,
                               machine_line, markdown_table, parse_list, write_json, write_text)
 from dflash2.chat import encode_messages
@@ -75,6 +78,20 @@ class Side:
         for phase, value in batch_phases.items():
             self.phases[phase] = self.phases.get(phase, 0.0) + value
 
+    def to_dict(self) -> dict:
+        return {"outputs": self.outputs, "stats": [asdict(st) for st in self.stats], "seconds": self.seconds,
+                "prefill": self.prefill, "phases": self.phases}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Side":
+        stats = []
+        for fields in data["stats"]:
+            st = SequenceStats(fields["block_size"])
+            for key, value in fields.items():
+                setattr(st, key, value)
+            stats.append(st)
+        return cls(data["outputs"], stats, data["seconds"], data["prefill"], data["phases"])
+
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="dflash2 bench", description="Acceptance length, speedup and losslessness of "
@@ -90,6 +107,8 @@ def parse_args(argv):
     p.add_argument("--top-k", type=int, default=0, help="official: 20")
     p.add_argument("--no-baseline", action="store_true", help="skip the autoregressive runs: acceptance length and "
                    "throughput only (no speedup, no lossless check); the next MT-Bench turn follows the speculative answer")
+    p.add_argument("--resume", action="store_true", help="reuse the finished parts (datasets, peer groups) of an "
+                   "interrupted run in --output with identical settings, weights and code")
     p.add_argument("--concurrency", default="1", help="comma list of batch sizes, e.g. 1,8,32")
     p.add_argument("--output", default="runs/bench", help="directory for results.json, results.md and plots")
     p.add_argument("--peers", nargs="?", const="all", default=None,
@@ -212,20 +231,43 @@ def peer_model_dirs(pipe: Pipeline, args, out: Path) -> tuple[str | None, str | 
     return (str(target_dir) if target_dir else None), str(draft_dir)
 
 
-def run_peers(pipe: Pipeline, args, config, prompts, ar_outputs, out: Path, block: int) -> dict:
+def run_peers(pipe: Pipeline, args, config, prompts, ar_outputs, out: Path, block: int, store: PartStore) -> dict:
+    """The peers in two resumable groups: Hugging Face (generate, prompt lookup) and the reference."""
     reports = {}
     greedy_refs = ar_outputs if config.temperature <= 0 else None
     if args.peer_set & {"hf", "pld"}:
-        pad = getattr(pipe.tokenizer, "pad_token_id", None)
-        reports.update(peer_runs.hf_peers(pipe.decoder.target.model, prompts, greedy_refs, config,
-                                          pipe.stop_token_ids, 0 if pad is None else pad, block, args.peer_set))
+        group = store.load("peers-hf")
+        if group is None:
+            pad = getattr(pipe.tokenizer, "pad_token_id", None)
+            group = peer_runs.hf_peers(pipe.decoder.target.model, prompts, greedy_refs, config, pipe.stop_token_ids,
+                                       0 if pad is None else pad, block, args.peer_set)
+            store.save("peers-hf", group)
+        reports.update(group)
     if "dflash" in args.peer_set:
-        print("# peers: running PyPI dflash 0.1.0 in its own venv (batch 1)", file=sys.stderr)
-        target_dir, draft_dir = peer_model_dirs(pipe, args, out)
-        reports["dflash_reference"] = peer_runs.dflash_reference(args.peers_python, target_dir, draft_dir, prompts,
-                                                                 greedy_refs, config, pipe.stop_token_ids,
-                                                                 args.device, args.dtype)
+        report = store.load("peers-dflash")
+        if report is None:
+            print("# peers: running PyPI dflash 0.1.0 in its own venv (batch 1)", file=sys.stderr)
+            target_dir, draft_dir = peer_model_dirs(pipe, args, out)
+            report = peer_runs.dflash_reference(args.peers_python, target_dir, draft_dir, prompts, greedy_refs,
+                                                config, pipe.stop_token_ids, args.device, args.dtype)
+            if report.get("status") == "ok":  # an unavailable peer is retried on --resume
+                store.save("peers-dflash", report)
+        reports["dflash_reference"] = report
     return reports
+
+
+def dataset_runs(store: PartStore, pipe: Pipeline, ar, name: str, convs, config, concurrency):
+    """`bench_dataset`, or its saved part when resuming."""
+    part = store.load(f"dataset-{name}")
+    if part is not None:
+        runs = {int(c): tuple([Side.from_dict(x) for x in group] for group in pair)
+                for c, pair in part["runs"].items()}
+        return runs, part["prompts"], part["outputs"], part["cycles"]
+    runs, prompts, outputs, cycles = bench_dataset(pipe, ar, name, convs, config, concurrency)
+    store.save(f"dataset-{name}", {
+        "runs": {str(c): [[side.to_dict() for side in group] for group in pair] for c, pair in runs.items()},
+        "prompts": prompts, "outputs": outputs, "cycles": cycles})
+    return runs, prompts, outputs, cycles
 
 
 def compare_cycles(reference: dict, our_cycles: dict[str, list[list[int]]], comparable: bool) -> None:
@@ -252,6 +294,16 @@ def run_bench(pipe: Pipeline, args) -> dict:
     ar = None if getattr(args, "no_baseline", False) else SpeculativeDecoder(pipe.decoder.target)
     block = pipe.decoder.block_size(config)
     concurrency = args.concurrency_list
+    settings = {"target": "tiny random llama" if getattr(args, "tiny", False) else args.target,
+                "draft": pipe.draft_description, "trained_draft": pipe.trained_draft, "block_size": block,
+                "datasets": list(conversations), "num_prompts": args.num_prompts,
+                "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+                "top_k": args.top_k, "concurrency": concurrency, "device": args.device, "dtype": args.dtype,
+                "seed": args.seed, "peers": sorted(args.peer_set), "baseline": ar is not None,
+                "dataset_file": args.dataset_file}
+    weights = weights_digest(pipe.decoder.target.model, pipe.decoder.draft)
+    store = PartStore(out, run_fingerprint(settings, weights, Path(__file__).resolve().parent),
+                      getattr(args, "resume", False))
     print(f"# bench: draft {pipe.draft_description}; block {block}; concurrency {concurrency}", file=sys.stderr)
     warm = first_prompt(pipe, conversations)
     for decoder in (ar, pipe.decoder):  # untimed warm-up: first-call overheads hit neither side's figures
@@ -260,7 +312,7 @@ def run_bench(pipe: Pipeline, args) -> dict:
 
     datasets, all_runs, peer_prompts, peer_refs, our_cycles = {}, {c: ([], []) for c in concurrency}, {}, {}, {}
     for name, convs in conversations.items():
-        runs, prompts, outputs, cycles = bench_dataset(pipe, ar, name, convs, config, concurrency)
+        runs, prompts, outputs, cycles = dataset_runs(store, pipe, ar, name, convs, config, concurrency)
         per_c = {}
         for c in concurrency:
             per_c[str(c)] = entry(runs[c][0], runs[c][1], block, greedy)
@@ -273,17 +325,12 @@ def run_bench(pipe: Pipeline, args) -> dict:
     overall_c = {str(c): entry(all_runs[c][0], all_runs[c][1], block, greedy) for c in concurrency}
     overall = dict(overall_c[str(concurrency[0])], by_concurrency=overall_c,
                    mean_over_datasets=sum(d["acceptance_length"] or 0 for d in datasets.values()) / len(datasets))
-    peers = run_peers(pipe, args, config, peer_prompts, peer_refs, out, block) if args.peer_set else {}
+    peers = run_peers(pipe, args, config, peer_prompts, peer_refs, out, block, store) if args.peer_set else {}
     if "dflash_reference" in peers:
         compare_cycles(peers["dflash_reference"], our_cycles, concurrency[0] == 1 and greedy)
     info = machine_info()
     results = {
-        "settings": {"target": "tiny random llama" if getattr(args, "tiny", False) else args.target,
-                     "draft": pipe.draft_description, "trained_draft": pipe.trained_draft, "block_size": block,
-                     "datasets": list(conversations), "num_prompts": args.num_prompts,
-                     "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
-                     "top_k": args.top_k, "concurrency": concurrency, "device": args.device, "dtype": args.dtype,
-                     "seed": args.seed, "peers": sorted(args.peer_set), "definitions": DEFINITIONS},
+        "settings": dict(settings, definitions=DEFINITIONS, weights_sha256=weights, resumed_parts=store.reused),
         "datasets": datasets, "overall": overall, "peers": peers,
         "machine": machine_line(info), "machine_details": info, "commit": git_commit(),
     }
