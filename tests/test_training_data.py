@@ -50,4 +50,6 @@ def test_feature_cache_matches_online_features(tmp_path):
     real = batch.attention_mask.bool()
     torch.testing.assert_close(first[real], online[real], atol=1e-5, rtol=1e-5)
     assert torch.equal(first[real], second[real])
+    _, padded = adapter.features(batch.input_ids, batch.attention_mask)    # one right-padded batch pass
+    torch.testing.assert_close(online[real], padded[real], atol=1e-5, rtol=1e-5)
     adapter.close()
