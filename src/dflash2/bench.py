@@ -37,8 +37,9 @@ from tqdm import tqdm
 from dflash2 import peers as peer_runs
 from dflash2 import plots
 from dflash2.benchparts import PartStore, run_fingerprint, weights_digest
-from dflash2.benchkit import (add_model_arguments, build_pipeline, fmt, git_commit, load_conversations, machine_info,
-                              machine_line, markdown_table, parse_list, write_json, write_text)
+from dflash2.benchkit import (add_model_arguments, build_pipeline, fmt, git_commit, load_conversations,
+                              machine_identity, machine_info, machine_line, markdown_table, parse_list, write_json,
+                              write_text)
 from dflash2.chat import encode_messages
 from dflash2.engine import GenerationConfig, SequenceStats, SpeculativeDecoder
 from dflash2.errors import DFlash2Error, require
@@ -300,7 +301,7 @@ def run_bench(pipe: Pipeline, args) -> dict:
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
                 "top_k": args.top_k, "concurrency": concurrency, "device": args.device, "dtype": args.dtype,
                 "seed": args.seed, "peers": sorted(args.peer_set), "baseline": ar is not None,
-                "dataset_file": args.dataset_file}
+                "dataset_file": args.dataset_file, "machine": machine_identity()}
     weights = weights_digest(pipe.decoder.target.model, pipe.decoder.draft)
     store = PartStore(out, run_fingerprint(settings, weights, Path(__file__).resolve().parent),
                       getattr(args, "resume", False))

@@ -106,11 +106,29 @@ def load_conversations(datasets: list[str], num_prompts: int | None,
     return out
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_identity() -> dict:
+    """What timings depend on, for deciding whether saved bench parts came from the same kind of machine."""
+    return {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cpu_bf16": bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
 def machine_info() -> dict:
     import transformers
 
     info = {
-        "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "platform": platform.platform(), "processor": cpu_model(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
