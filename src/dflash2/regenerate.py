@@ -212,6 +212,8 @@ def regenerate(target: str, out_dir: str | Path, num_prompts: int, max_new_token
 # --------------------------------------------------------------------------- command line
 
 def build_parser() -> argparse.ArgumentParser:
+    from dflash2.prompts import TRAINING_SOURCES
+
     parser = argparse.ArgumentParser(
         prog="dflash2 regenerate",
         description="Regenerate training responses with the target (resumable: rerun to continue).")
@@ -225,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft", default=None, help="DFlash2 draft directory (lossless speed-up)")
     parser.add_argument("--shard-size", type=int, default=256, help="records per shard")
     parser.add_argument("--max-prompt-tokens", type=int, default=512, help="skip longer prompts")
-    parser.add_argument("--source", default="sharegpt", help="training prompt source")
+    parser.add_argument("--source", default="sharegpt", choices=tuple(TRAINING_SOURCES),
+                        help="training prompt source (default: sharegpt)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
