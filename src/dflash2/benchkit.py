@@ -24,7 +24,7 @@ import torch
 
 from dflash2.errors import require
 from dflash2.fileio import atomic_write
-from dflash2.loading import Pipeline, load_decoder
+from dflash2.loading import Pipeline, cpu_has_native_bf16, load_decoder
 from dflash2.prompts import BENCHMARKS, Conversation, load_benchmark, load_prompt_file
 
 
@@ -120,27 +120,23 @@ def cpu_model() -> str:
 def machine_identity() -> dict:
     """What timings depend on, for deciding whether saved bench parts came from the same kind of machine."""
     return {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "cpu_bf16": bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+            "cpu_bf16": cpu_has_native_bf16(),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
 def machine_info() -> dict:
+    """`machine_identity()` plus platform, library versions and the load average."""
     import transformers
 
-    info = {
-        "platform": platform.platform(), "processor": cpu_model(),
-        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
+    info = dict(machine_identity(), platform=platform.platform(), torch=torch.__version__,
+                transformers=transformers.__version__, python=platform.python_version(),
+                load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
     return info
 
 
 def machine_line(info: dict) -> str:
     gpu = f", GPU {info['gpu']}" if info.get("gpu") else ", no GPU"
-    return (f"{info['processor']}, {info['cpu_count']} CPU cores ({info['torch_threads']} torch threads){gpu}; "
+    return (f"{info['cpu']}, {info['cpu_count']} CPU cores ({info['torch_threads']} torch threads){gpu}; "
             f"torch {info['torch']}, transformers {info['transformers']}")
 
 

@@ -34,6 +34,11 @@ def parse_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def cpu_has_native_bf16() -> bool:
+    """True when this CPU runs bf16 matmuls natively (avx512_bf16 / AMX through oneDNN)."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def draft_dtype_for(name: str, device: str, target_dtype: torch.dtype) -> torch.dtype:
     """`auto`: bfloat16 on CUDA and on CPUs with native bf16 matmul (the draft is memory-bound and
     its precision cannot change the output), else the target's dtype."""
@@ -41,7 +46,7 @@ def draft_dtype_for(name: str, device: str, target_dtype: torch.dtype) -> torch.
         return parse_dtype(name)
     if device.startswith("cuda"):
         return torch.bfloat16
-    if device == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if device == "cpu" and cpu_has_native_bf16():
         return torch.bfloat16
     return target_dtype
 

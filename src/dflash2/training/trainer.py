@@ -37,6 +37,7 @@ from tqdm import tqdm
 
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import atomic_write
+from dflash2.loading import cpu_has_native_bf16
 from dflash2.target import TargetAdapter
 from dflash2.training import checkpoints as ckpt
 from dflash2.training.batches import Example, build_batch
@@ -66,7 +67,7 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """`train.precision` -> the autocast dtype (None = plain fp32). `auto` is bf16 on CUDA and on CPUs
     with native bf16 matmul (where it runs a step ~2x faster), fp32 elsewhere."""
     if precision == "auto":
-        fast = device.type == "cuda" or (device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        fast = device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16())
         precision = "bf16" if fast else "fp32"
     return torch.bfloat16 if precision == "bf16" else None
 
