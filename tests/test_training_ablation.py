@@ -41,3 +41,4 @@ def test_ablation_trains_and_measures_each_arm_alike(smollm2_cache, tmp_path, mo
     stamp = (out / "dflash2" / "final" / "model.safetensors").stat().st_mtime_ns
     assert cli_main(argv) == 0  # resumable: nothing retrained
     assert (out / "dflash2" / "final" / "model.safetensors").stat().st_mtime_ns == stamp
+

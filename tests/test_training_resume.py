@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from dflash2.draft import DFlash2DraftModel
+from dflash2.errors import DFlash2Error
 from dflash2.tiny import tiny_target
-from dflash2.training.trainer import Trainer
+from dflash2.training.trainer import Trainer, _check_same_config
 from training_util import small_config, synthetic_sequences
 
 TIMING = ("tokens_per_s",)
@@ -42,3 +44,15 @@ def test_resume_follows_the_uninterrupted_trajectory(tmp_path):
     final = DFlash2DraftModel.from_pretrained(interrupted / "final")      # exported in bf16
     assert final.fc.weight.dtype == torch.float32  # from_pretrained casts to its dtype argument
     assert (interrupted / "curves.png").stat().st_size > 0
+
+
+def test_resume_of_a_checkpoint_older_than_a_config_key(tmp_path):
+    # Checkpoints written before `optim.clip_selector_separately` existed were trained with one
+    # shared clip norm: resuming them needs the key set to false, and says so.
+    current = small_config(tmp_path).to_dict()
+    saved = {section: dict(keys) for section, keys in current.items()}
+    del saved["optim"]["clip_selector_separately"]
+    with pytest.raises(DFlash2Error, match="'optim.clip_selector_separately' is True .* trained with False"):
+        _check_same_config(saved, current)
+    legacy = small_config(tmp_path, optim={"clip_selector_separately": False}).to_dict()
+    _check_same_config(saved, legacy)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 from pathlib import Path
 
 import torch
@@ -242,15 +243,29 @@ def read_config(path: str | Path) -> DFlash2Config:
         raise DFlash2Error(f"draft config '{file}' is not valid JSON: {err}") from None
 
 
-def init_linear_weights(model: DFlash2DraftModel, std: float = 0.02) -> None:
-    """Fresh-draft init: normal(0, std) linears, unit norms, identity convs, neutral selector."""
-    for module in model.modules():
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=std)
-        elif isinstance(module, RMSNorm):
-            nn.init.ones_(module.weight)
-    for module in model.modules():
-        if isinstance(module, (GroupedDynamicConv, CandidateSelector)):
-            module.reset_parameters()
-    # fc maps concatenated taps; scale so the fused context starts at unit-ish variance.
-    nn.init.normal_(model.fc.weight, std=1.0 / math.sqrt(model.fc.in_features))
+def init_linear_weights(model: DFlash2DraftModel, std: float = 0.02, seed: int | None = None) -> None:
+    """Fresh-draft init: normal(0, std) linears, unit norms, identity convs, neutral selector.
+
+    Each module draws from the global generator re-seeded with (seed, its name, pass), so a part's
+    init does not depend on which other parts exist: DFlash v1, +selector, +convs and DFlash2 built
+    with one seed share every common weight (the equal-budget ablation relies on it). `seed=None`
+    takes one draw from the global generator as the base seed.
+    """
+    base = int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed
+
+    def reseed(name: str, stage: int) -> None:
+        torch.manual_seed((base * 1_000_003 + zlib.crc32(f"{stage}:{name}".encode())) % (2**63 - 1))
+
+    with torch.random.fork_rng(devices=[]):
+        for name, module in model.named_modules():
+            reseed(name, 0)
+            if module is model.fc:  # maps concatenated taps: the fused context starts near unit variance
+                nn.init.normal_(module.weight, std=1.0 / math.sqrt(module.in_features))
+            elif isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+        for name, module in model.named_modules():  # after the linears: identity convs, neutral selector
+            if isinstance(module, (GroupedDynamicConv, CandidateSelector)):
+                reseed(name, 1)
+                module.reset_parameters()

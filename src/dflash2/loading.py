@@ -60,7 +60,7 @@ def new_draft(model, tokenizer, *, num_hidden_layers: int = 5, block_size: int =
                                       selector_top_k=selector_top_k, **shape)
     torch.manual_seed(seed)
     draft = DFlash2DraftModel(config)
-    init_linear_weights(draft)
+    init_linear_weights(draft, seed=seed)
     return draft.eval()
 
 

@@ -49,7 +49,7 @@ def tiny_draft(target, *, block_size: int = 8, num_layers: int = 2, use_conv: bo
                                       selector_top_k=top_k, conv_group_size=16, sliding_window=64)
     torch.manual_seed(seed)
     draft = DFlash2DraftModel(config)
-    init_linear_weights(draft)
+    init_linear_weights(draft, seed=seed)
     with torch.no_grad():
         for name, param in draft.named_parameters():
             if "base_kernel" in name or "kernel_projection" in name or "codebook" in name:

@@ -74,6 +74,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "warmup_fraction": (_FLOAT, 0.04, lambda v: 0 <= v < 1, "a number in [0, 1)"),
         "min_lr_ratio": (_FLOAT, 0.1, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
         "grad_clip": (_FLOAT + "?", 1.0, lambda v: v > 0, "a positive number (or null for no clipping)"),
+        "clip_selector_separately": (_BOOL, True, None, None),
     },
     "train": {
         "steps": (_INT + "?", None, lambda v: v >= 1, "a positive integer (or null: epochs decide)"),

@@ -110,7 +110,7 @@ def build_draft(cfg: TrainConfig, target_model, tokenizer=None) -> tuple[DFlash2
         config = draft_config(cfg, target_model.config, tokenizer)
         torch.manual_seed(cfg.train["seed"])
         draft = DFlash2DraftModel(config)
-        init_linear_weights(draft)
+        init_linear_weights(draft, seed=cfg.train["seed"])
         # A fresh draft's hidden state is almost its input token's embedding; with a unit final
         # norm that token gets a logit near +77 on SmolLM2 and the first CE is ~55. A small final
         # norm starts the draft near-uniform (CE ~ ln V) and saves the first steps' work.
@@ -144,3 +144,22 @@ class DraftTrainStep(nn.Module):
                             selector_weight=self.selector_weight,
                             selector_grad_to_backbone=self.selector_grad_to_backbone,
                             chunk=self.logits_chunk)
+
+
+def clip_groups(module: nn.Module, separate_selector: bool) -> dict[str, list[nn.Parameter]]:
+    """Trainable parameters grouped for gradient-norm clipping: {"grad_norm": backbone (+ selector)
+    [, "grad_norm_selector": selector]}.
+
+    With `separate_selector` the selector is clipped on its own. Its loss reads detached hidden
+    states and logits (`loss.selector_grad_to_backbone=false`), so it and the backbone are separate
+    problems; one shared norm would still couple them through the clip factor, and a draft with a
+    selector would not train its backbone exactly as the same draft without one. Separated, the
+    DFlash v1 / v1 + selector arms of the ablation are a paired comparison (tested bit-identical).
+    """
+    named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    selector = [p for name, p in named if "candidate_selector." in name] if separate_selector else []
+    chosen = {id(p) for p in selector}
+    groups = {"grad_norm": [p for _, p in named if id(p) not in chosen]}
+    if selector:
+        groups["grad_norm_selector"] = selector
+    return groups

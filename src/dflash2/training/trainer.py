@@ -6,7 +6,8 @@ Contract:
   (`model.build_draft`), reads the shard directories of `data.train` / `data.eval` unless
   sequences ((input_ids, loss_mask) pairs) are given, and sets up AdamW (lr, betas, eps, weight
   decay from `optim`), a schedule of linear warmup over `warmup_fraction` of the steps then cosine
-  down to `min_lr_ratio` x lr, and gradient clipping at `grad_clip`.
+  down to `min_lr_ratio` x lr, and gradient clipping at `grad_clip` (`clip_groups`: the selector
+  is clipped on its own when its loss does not reach the backbone).
 - One optimiser step = `train.batch_size` sequences (global, over all ranks), split evenly across
   ranks and then into `grad_accum` micro-batches; which sequences and which anchors a step uses
   depend only on (seed, step) (`data.SequenceOrder`, `batches.anchor_generator`). The loss of
@@ -47,11 +48,13 @@ from dflash2.training.distributed import Dist
 from dflash2.training.features import FeatureSource, cache_tag
 from dflash2.training.losses import add_stats, label_weights, pack_stats, summarise, unpack_stats
 from dflash2.training.metrics_log import MetricsLog, plot_curves
-from dflash2.training.model import DraftTrainStep, build_draft
+from dflash2.training.model import DraftTrainStep, build_draft, clip_groups
 
 RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.log_every", "train.eval_every",
                      "train.checkpoint_every", "train.keep_checkpoints", "train.save_dtype", "train.device",
                      "data.feature_cache_dir", "data.max_eval_sequences", "data.eval"}
+# Keys added after checkpoints were already written: what a checkpoint without the key was trained with.
+LEGACY_VALUES = {"optim.clip_selector_separately": False}
 
 
 def lr_factor(step: int, total: int, warmup_fraction: float, min_ratio: float) -> float:
@@ -114,6 +117,8 @@ class Trainer:
                                      loss["selector_grad_to_backbone"], loss["logits_chunk"]).to(device)
         self.wrapped = self.dist.wrap(self.module, t["parallel"])
         self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self.clip_groups = clip_groups(self.module, separate_selector=cfg.optim["clip_selector_separately"]
+                                       and not loss["selector_grad_to_backbone"])
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(self.params, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
                                            weight_decay=o["weight_decay"])
@@ -134,8 +139,9 @@ class Trainer:
         return build_batch(examples, block_size=c.block_size, num_anchors=self.cfg.loss["num_anchors"],
                            mask_token_id=c.mask_token_id, window=c.sliding_window, seed=self.cfg.train["seed"])
 
-    def train_step(self) -> tuple[dict, float]:
-        """One optimiser step; returns (this rank's stat sums, gradient norm)."""
+    def train_step(self) -> tuple[dict, dict[str, float]]:
+        """One optimiser step; returns (this rank's stat sums, {"grad_norm": backbone norm before
+        clipping[, "grad_norm_selector": ...]})."""
         world = self.dist.world
         micro = self.order.shard(self.step, self.dist.rank, world, self.cfg.train["grad_accum"])
         batches = [self._batch(examples) for examples in micro]
@@ -155,12 +161,15 @@ class Trainer:
                     loss, step_stats = self.wrapped(features, batch, normaliser)
                 (loss * world).backward()
             stats = add_stats(stats, step_stats)
-        clip = self.cfg.optim["grad_clip"]
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip else float("inf"))
+        clip = self.cfg.optim["grad_clip"] or float("inf")
+        norms = {}
+        for name, group in self.clip_groups.items():
+            norm = torch.nn.utils.clip_grad_norm_(group, clip)
+            norms[name] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        return stats, float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        return stats, norms
 
     def _reduce(self, stats: dict) -> dict:
         flat = self.dist.all_reduce_sum(pack_stats(stats).to(self.dist.device))
@@ -239,14 +248,14 @@ class Trainer:
         interval, interval_tokens, clock = None, self.tokens_seen, time.perf_counter()
         last = {}
         while self.step < end:
-            stats, grad_norm = self.train_step()
+            stats, grad_norms = self.train_step()
             interval = add_stats(interval, stats)
             bar.update(1)
             final = self.step == self.total_steps
             if self.step % t["log_every"] == 0 or final:
                 now = time.perf_counter()
                 last = {"split": "train", "step": self.step, "epoch": round(self.step / self.order.steps_per_epoch, 4),
-                        "tokens": self.tokens_seen, "lr": self.scheduler.get_last_lr()[0], "grad_norm": grad_norm,
+                        "tokens": self.tokens_seen, "lr": self.scheduler.get_last_lr()[0], **grad_norms,
                         "tokens_per_s": (self.tokens_seen - interval_tokens) / max(now - clock, 1e-9),
                         **self._summary(self._reduce(interval))}
                 interval, interval_tokens, clock = None, self.tokens_seen, now
@@ -297,9 +306,10 @@ def _check_same_config(saved: dict, current: dict) -> None:
     for section, keys in current.items():
         for key, value in keys.items():
             dotted = f"{section}.{key}"
-            if dotted not in RESUMABLE_CHANGES and saved.get(section, {}).get(key) != value:
+            trained_with = saved.get(section, {}).get(key, LEGACY_VALUES.get(dotted))
+            if dotted not in RESUMABLE_CHANGES and trained_with != value:
                 raise DFlash2Error(f"--resume: config key '{dotted}' is {value!r} but the checkpoint was trained "
-                                   f"with {saved.get(section, {}).get(key)!r}")
+                                   f"with {trained_with!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
