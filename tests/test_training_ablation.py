@@ -21,7 +21,8 @@ def test_ablation_trains_and_measures_each_arm_alike(smollm2_cache, tmp_path, mo
             f"data.train=[{REPO / 'data' / 'regen' / 'smollm2-sharegpt'}]", "data.max_seq_len=96", "data.feature_cache_dir=null",
             "draft.num_layers=1", "loss.num_anchors=2", "train.steps=1", "train.batch_size=2", "train.grad_accum=1",
             "train.log_every=1", "train.checkpoint_every=null", "train.progress=false",
-            "--arms", "dflash-v1,dflash2", "--datasets", "gsm8k", "--num-prompts", "1", "--max-new-tokens", "4",
+            "--arms", "dflash-v1,dflash2", "--datasets", "gsm8k", "--num-prompts", "2", "--t1-num-prompts", "1",
+            "--max-new-tokens", "4",
             "--concurrency", "1", "--output", str(out)]
     assert cli_main(argv) == 0
     result = json.loads((out / "ablation.json").read_text())
@@ -32,11 +33,13 @@ def test_ablation_trains_and_measures_each_arm_alike(smollm2_cache, tmp_path, mo
             assert 1.0 <= entry[temp]["gsm8k"] <= 8.0 and entry[temp]["mean"] == entry[temp]["gsm8k"]
         bench = json.loads((out / arm / "bench-t1" / "results.json").read_text())
         assert bench["settings"]["temperature"] == 1.0 and bench["settings"]["top_k"] == 20
+        assert bench["settings"]["num_prompts"] == 1 and entry["t0"]["measured_on"].startswith("2 prompts")
     v1, v2 = (DFlash2Config.from_dict(json.loads((out / arm / "final" / "config.json").read_text()))
               for arm in ("dflash-v1", "dflash2"))
     assert (v1.use_selector, v1.use_conv, v2.use_selector, v2.use_conv) == (False, False, True, True)
     assert mpimg.imread(out / "ablation-curves.png").ndim == 3
-    assert "| dflash2 |" in (out / "ablation.md").read_text()
+    text = (out / "ablation.md").read_text()
+    assert "| dflash2 |" in text and "## T=0 (2 prompts per dataset, 4 new tokens)" in text
 
     stamp = (out / "dflash2" / "final" / "model.safetensors").stat().st_mtime_ns
     assert cli_main(argv) == 0  # resumable: nothing retrained

@@ -361,7 +361,7 @@ def render_markdown(results: dict) -> str:
              "autoregressive / speculative time per output token of this same engine, same prompts and batch size\n",
              f"## dflash2 at concurrency {c0}\n"]
     rows = [[name, d["acceptance_length"], d["baseline_tokens_per_second"], d["tokens_per_second"], d["speedup"],
-             d["time_per_output_token_ms"], d["mismatches"], d["compared"]]
+             d["time_per_output_token_ms"], d["mismatches"], d["sequences"]]
             for name, d in list(results["datasets"].items()) + [("**overall**", results["overall"])]]
     lines.append(markdown_table(["dataset", "tau", "AR tok/s", "spec tok/s", "speedup", "TPOT ms", "mismatches",
                                  "sequences"], rows))

@@ -6,8 +6,8 @@ Contract:
   batch, seed, schedule); only `draft.use_selector` / `draft.use_conv` differ. Arm `a` trains into
   `OUTPUT/a` (`train.output_dir` is set per arm) and is then measured with `dflash2 bench
   --no-baseline` (real speculative decoding on the target, acceptance length only) at T=0 and at
-  the official T=1 (top-p 0.95, top-k 20) on `--datasets` x `--num-prompts` prompts, in
-  `OUTPUT/a/bench-t0` and `OUTPUT/a/bench-t1`.
+  the official T=1 (top-p 0.95, top-k 20) on `--datasets` x `--num-prompts` prompts (at T=1
+  `--t1-num-prompts`, if given), in `OUTPUT/a/bench-t0` and `OUTPUT/a/bench-t1`.
 - Resumable: an arm whose `final/` exists is not retrained, a bench whose results.json exists is
   not rerun (delete them to redo). Training wall time is recorded per arm when it trains.
 - Writes `OUTPUT/ablation.json`, `OUTPUT/ablation.md` (tau per dataset and mean, T=0 and T=1;
@@ -66,8 +66,9 @@ def bench_arm(arm_dir: Path, temperature: str, args) -> dict:
     out = arm_dir / f"bench-{temperature}"
     if (out / "results.json").is_file():
         return json.loads((out / "results.json").read_text())
+    prompts = args.t1_num_prompts if temperature == "t1" and args.t1_num_prompts else args.num_prompts
     argv = ["--target", args.target, "--draft", str(arm_dir / "final"), "--datasets", args.datasets,
-            "--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens),
+            "--num-prompts", str(prompts), "--max-new-tokens", str(args.max_new_tokens),
             "--concurrency", str(args.concurrency), "--no-baseline", "--output", str(out), "--seed", "0",
             *TEMPERATURES[temperature]]
     bench_args = bench.parse_args(argv)
@@ -106,6 +107,11 @@ def plot_curves(curves: dict[str, list[tuple[int, float]]], png: Path) -> None:
         plt.close(fig)
 
 
+def measured_on(result: dict, temp: str) -> str:
+    """The prompt / token counts of one temperature's benches (every arm's, if they differ)."""
+    return "; ".join(sorted({entry[temp]["measured_on"] for entry in result["arms"].values()}))
+
+
 def report(out: Path, arms: list[str], trained: dict, benches: dict, datasets: list[str], command: str) -> dict:
     rows, result = [], {"arms": {}, "datasets": datasets, "command": command, "commit": git_commit(),
                         "machine": machine_line(machine_info())}
@@ -117,6 +123,8 @@ def report(out: Path, arms: list[str], trained: dict, benches: dict, datasets: l
         for temp, results in benches[arm].items():
             entry[temp] = {name: results["datasets"][name]["acceptance_length"] for name in datasets}
             entry[temp]["mean"] = results["overall"]["mean_over_datasets"]
+            settings = results["settings"]
+            entry[temp]["measured_on"] = f"{settings['num_prompts']} prompts per dataset, {settings['max_new_tokens']} new tokens"
         result["arms"][arm] = entry
         rows.append([arm] + [entry["t0"][n] for n in datasets] + [entry["t0"]["mean"], entry["t1"]["mean"],
                      entry["teacher_forced_tau"], entry["steps"], entry["tokens"], entry["train_seconds"] / 60])
@@ -127,7 +135,8 @@ def report(out: Path, arms: list[str], trained: dict, benches: dict, datasets: l
     text = "\n".join([
         "# Equal-budget ablation\n", f"- command: `{command}`", f"- commit {result['commit']}; {result['machine']}",
         "- tau = acceptance length of real speculative decoding (bonus counted) with `dflash2 bench --no-baseline`\n",
-        "## T=0\n", markdown_table(headers, rows), "## T=1 (top-p 0.95, top-k 20)\n",
+        f"## T=0 ({measured_on(result, 't0')})\n", markdown_table(headers, rows),
+        f"## T=1, top-p 0.95, top-k 20 ({measured_on(result, 't1')})\n",
         markdown_table(["arm"] + datasets + ["mean"], t1_rows), "![curves](ablation-curves.png)\n"])
     write_text(out / "ablation.md", text)
     write_json(out / "ablation.json", result)
@@ -144,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="smollm2")
     p.add_argument("--datasets", default="gsm8k,math500,humaneval,mbpp,mt-bench")
     p.add_argument("--num-prompts", type=int, default=24)
+    p.add_argument("--t1-num-prompts", type=int, default=None, help="prompts per dataset at T=1 (default: --num-prompts)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=8)
     args = p.parse_args(argv)
