@@ -1,6 +1,12 @@
-"""Shared fixtures: tiny random targets/drafts, and oracle proposers for acceptance tests."""
+"""Shared fixtures: tiny random targets/drafts, and oracle proposers for acceptance tests.
+
+`DFLASH2_TEST_DEVICE` (default cpu) puts the tiny models of the lossless tests on another device,
+e.g. `DFLASH2_TEST_DEVICE=cuda pytest tests/test_lossless_greedy.py tests/test_lossless_sampling.py`
+(scripts/gpu_check.sh); CI runs them on the CPU.
+"""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +15,8 @@ import torch
 from dflash2.engine import SpeculativeDecoder
 from dflash2.proposer import Proposal
 from dflash2.tiny import tiny_draft, tiny_target
+
+TEST_DEVICE = torch.device(os.environ.get("DFLASH2_TEST_DEVICE", "cpu"))
 
 
 class OracleProposer:
@@ -33,7 +41,7 @@ class OracleProposer:
         for seq, start in zip(self.sequences, start_positions.tolist()):
             row = [seq[p] if p < len(seq) else 0 for p in range(start + 1, start + block_size)]
             tokens.append([(t + 1) % self.vocab_size for t in row] if self.wrong else row)
-        return Proposal(torch.tensor(tokens, dtype=torch.long), None)
+        return Proposal(torch.tensor(tokens, dtype=torch.long, device=anchors.device), None)
 
 
 class OracleDecoder(SpeculativeDecoder):
@@ -71,7 +79,7 @@ def tiny_models():
     out = {}
     for family in ("llama", "qwen3", "gemma3"):
         target = tiny_target(family)
-        out[family] = (target, tiny_draft(target))
+        out[family] = (target.to(TEST_DEVICE), tiny_draft(target).to(TEST_DEVICE))
     return out
 
 

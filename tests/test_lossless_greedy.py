@@ -27,7 +27,7 @@ def reference(family, target):
         prompts = make_prompts(hash(family) % 1000, target.config.vocab_size)
         outs = []
         for p in prompts:
-            ids = torch.tensor([p])
+            ids = torch.tensor([p], device=target.device)
             gen = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
                                   min_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0)
             outs.append(gen[0, len(p):].tolist())

@@ -23,6 +23,7 @@ from dflash2.acceptance import sample_accept
 from dflash2.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.target import TargetAdapter
 from dflash2.tiny import tiny_draft, tiny_target
+from conftest import TEST_DEVICE
 
 VOCAB = 8
 SAMPLES = 20_000
@@ -61,9 +62,9 @@ def reference_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: f
 def exact_joint(target, setting) -> np.ndarray:
     """P(t1, t2, t3 | PROMPT) for all VOCAB^3 triples, by enumeration."""
     pairs = list(itertools.product(range(VOCAB), repeat=2))
-    ids = torch.tensor([PROMPT + [a, b] for a, b in pairs])
+    ids = torch.tensor([PROMPT + [a, b] for a, b in pairs], device=target.device)
     with torch.no_grad():
-        logits = target(input_ids=ids).logits.double().numpy()
+        logits = target(input_ids=ids).logits.double().cpu().numpy()
     n = len(PROMPT)
     p1 = reference_probs(logits[0, n - 1], **_args(setting))
     joint = np.zeros((VOCAB,) * 3)
@@ -82,7 +83,7 @@ def _args(setting):
 def models():
     target = tiny_target("qwen3", vocab_size=VOCAB, seed=3)
     draft = tiny_draft(target, block_size=4, top_k=4, seed=4)
-    return target, draft
+    return target.to(TEST_DEVICE), draft.to(TEST_DEVICE)
 
 
 def sample_triples(target, draft, setting, seed=0) -> np.ndarray:

@@ -98,7 +98,7 @@ def test_one_step_lowers_the_loss(tmp_path):
     cfg = small_config(tmp_path, optim={"lr": 3e-3, "warmup_fraction": 0.0}, draft={"final_norm_init": 1.0})
     trainer = Trainer(cfg, target_model=tiny_target("llama"), train_sequences=synthetic_sequences(8))
     examples = trainer.order.shard(0, 0, 1, 1)[0]
-    batch = trainer._batch(examples)
+    batch = trainer._batch(examples).to(trainer.dist.device)
     features = trainer.features(batch)
 
     def loss_now():
