@@ -122,3 +122,18 @@ def test_save_is_atomic_when_writing_fails(tmp_path, tiny_models, monkeypatch):
         draft.save_pretrained(tmp_path / "d")
     assert (tmp_path / "d" / "model.safetensors").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
+def test_draft_dtype_auto_rules(monkeypatch):
+    """`--draft-dtype auto`: the target's dtype on CUDA and on CPUs without native bf16, bf16 on
+    CPUs with it; an explicit name always wins."""
+    from dflash2 import loading
+
+    monkeypatch.setattr(loading, "cpu_has_native_bf16", lambda: False)
+    assert loading.draft_dtype_for("auto", "cpu", torch.float32) == torch.float32
+    assert loading.draft_dtype_for("auto", "cuda", torch.float32) == torch.float32
+    assert loading.draft_dtype_for("auto", "cuda:0", torch.bfloat16) == torch.bfloat16
+    monkeypatch.setattr(loading, "cpu_has_native_bf16", lambda: True)
+    assert loading.draft_dtype_for("auto", "cpu", torch.float32) == torch.bfloat16
+    assert loading.draft_dtype_for("auto", "cuda", torch.float32) == torch.float32
+    assert loading.draft_dtype_for("fp32", "cpu", torch.bfloat16) == torch.float32

@@ -44,7 +44,7 @@ def _generate_parser(sub) -> None:
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", help="target dtype (exact-equality claims hold in float32)")
-    p.add_argument("--draft-dtype", default="auto", help="auto (bf16 where the hardware has it), float32, bfloat16")
+    p.add_argument("--draft-dtype", default="auto", help="auto (the target's dtype; bf16 on CPUs with native bf16), float32, bfloat16")
     p.add_argument("--compare", action="store_true", help="also run the autoregressive baseline and compare")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 

@@ -40,12 +40,12 @@ def cpu_has_native_bf16() -> bool:
 
 
 def draft_dtype_for(name: str, device: str, target_dtype: torch.dtype) -> torch.dtype:
-    """`auto`: bfloat16 on CUDA and on CPUs with native bf16 matmul (the draft is memory-bound and
-    its precision cannot change the output), else the target's dtype."""
+    """`auto`: bfloat16 on CPUs with native bf16 matmul (there the draft is memory-bound), else the
+    target's dtype: on CUDA a small draft is launch-bound and ran faster in fp32 than in bf16 (H200,
+    BENCHMARKS.md section 4), while a large target in bf16 gets a bf16 draft. The draft's precision
+    cannot change the output (the target decides every token)."""
     if name != "auto":
         return parse_dtype(name)
-    if device.startswith("cuda"):
-        return torch.bfloat16
     if device == "cpu" and cpu_has_native_bf16():
         return torch.bfloat16
     return target_dtype
