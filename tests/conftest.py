@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash2.engine import SpeculativeDecoder
-from dflash2.proposer import Proposal
-from dflash2.tiny import tiny_draft, tiny_target
+from dflash2.decoding.engine import SpeculativeDecoder
+from dflash2.decoding.proposer import Proposal
+from dflash2.targets.tiny import tiny_draft, tiny_target
 
 TEST_DEVICE = torch.device(os.environ.get("DFLASH2_TEST_DEVICE", "cpu"))
 
@@ -87,7 +87,7 @@ def tiny_models():
 def smollm2_cache(tmp_path_factory):
     """One real conversion of SmolLM2 (about 20 s on two cores) into a private cache, shared by the
     session: (cache dir, converted target dir). Tests that load "smollm2" set DFLASH2_CACHE to it."""
-    from dflash2 import targets
+    from dflash2.targets import builtin as targets
 
     cache = tmp_path_factory.mktemp("dflash2-cache")
     with pytest.MonkeyPatch.context() as patch:

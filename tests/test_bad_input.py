@@ -7,11 +7,11 @@ import json
 import pytest
 
 from dflash2.cli import main
-from dflash2.config import DFlash2Config
-from dflash2.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.model.config import DFlash2Config
+from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.errors import DFlash2Error
-from dflash2.target import TargetAdapter
-from dflash2.tiny import tiny_draft, tiny_target
+from dflash2.decoding.target import TargetAdapter
+from dflash2.targets.tiny import tiny_draft, tiny_target
 from test_checkpoint import QWEN38_27B_DRAFT
 
 

@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
-from dflash2.config import DFlash2Config, default_target_layer_ids
-from dflash2.draft import DFlash2DraftModel
-from dflash2.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.target import TargetAdapter
-from dflash2.tiny import tiny_draft
+from dflash2.model.config import DFlash2Config, default_target_layer_ids
+from dflash2.model.draft import DFlash2DraftModel
+from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.target import TargetAdapter
+from dflash2.targets.tiny import tiny_draft
 
 QWEN38_27B_DRAFT = {
     "architectures": ["DFlash2DraftModel"], "model_type": "qwen3", "is_causal": False,
@@ -112,7 +112,7 @@ def test_save_is_atomic_when_writing_fails(tmp_path, tiny_models, monkeypatch):
     target, draft = tiny_models["llama"]
     draft.save_pretrained(tmp_path / "d")
     before = (tmp_path / "d" / "model.safetensors").read_bytes()
-    import dflash2.draft as draft_module
+    import dflash2.model.draft as draft_module
 
     def failing_save(*args, **kwargs):
         raise OSError("disk full")
@@ -127,7 +127,7 @@ def test_save_is_atomic_when_writing_fails(tmp_path, tiny_models, monkeypatch):
 def test_draft_dtype_auto_rules(monkeypatch):
     """`--draft-dtype auto`: the target's dtype on CUDA and on CPUs without native bf16, bf16 on
     CPUs with it; an explicit name always wins."""
-    from dflash2 import loading
+    from dflash2 import pipeline as loading
 
     monkeypatch.setattr(loading, "cpu_has_native_bf16", lambda: False)
     assert loading.draft_dtype_for("auto", "cpu", torch.float32) == torch.float32

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from conftest import OracleDecoder
-from dflash2.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.target import TargetAdapter
+from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.target import TargetAdapter
 
 NUM_PROMPTS = 32
 NEW_TOKENS = 24

@@ -18,11 +18,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import dflash2.engine as engine_module
-from dflash2.acceptance import sample_accept
-from dflash2.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.target import TargetAdapter
-from dflash2.tiny import tiny_draft, tiny_target
+import dflash2.decoding.engine as engine_module
+from dflash2.decoding.acceptance import sample_accept
+from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.target import TargetAdapter
+from dflash2.targets.tiny import tiny_draft, tiny_target
 from conftest import TEST_DEVICE
 
 VOCAB = 8

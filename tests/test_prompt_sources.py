@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from dflash2 import prompts
-from dflash2 import regenerate as regen
+from dflash2.data import prompts
+from dflash2.data import regenerate as regen
 from dflash2.errors import DFlash2Error
-from dflash2.prompts import (
+from dflash2.data.prompts import (
     Conversation,
     iter_chitchat_conversations,
     overlaps_benchmarks,

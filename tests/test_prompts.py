@@ -1,4 +1,4 @@
-"""Tests for dflash2.prompts: benchmarks, prompt files, ShareGPT streaming, contamination check."""
+"""Tests for dflash2.data.prompts: benchmarks, prompt files, ShareGPT streaming, contamination check."""
 from __future__ import annotations
 
 import hashlib
@@ -8,9 +8,9 @@ from importlib import resources
 
 import pytest
 
-from dflash2 import prompts
+from dflash2.data import prompts
 from dflash2.errors import DFlash2Error
-from dflash2.prompts import (
+from dflash2.data.prompts import (
     BENCHMARKS,
     Conversation,
     iter_json_array,

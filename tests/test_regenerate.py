@@ -7,11 +7,11 @@ import random
 import numpy as np
 import pytest
 
-from dflash2 import regenerate as regen
+from dflash2.data import regenerate as regen
 from dflash2.errors import DFlash2Error
-from dflash2.regenerate import Prompt, generate_shards, sampling_fields, target_fields
-from dflash2.shards import Record, ShardWriter, done_ids, load_manifest, loss_mask, read_records
-from dflash2.tiny import tiny_target
+from dflash2.data.regenerate import Prompt, generate_shards, sampling_fields, target_fields
+from dflash2.data.shards import Record, ShardWriter, done_ids, load_manifest, loss_mask, read_records
+from dflash2.targets.tiny import tiny_target
 
 STOP = (2,)
 

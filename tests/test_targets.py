@@ -1,4 +1,4 @@
-"""Tests for dflash2.targets: name resolution, the cache location, and one real SmolLM2 conversion."""
+"""Tests for dflash2.targets.builtin: name resolution, the cache location, and one real SmolLM2 conversion."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash2 import targets
+from dflash2.targets import builtin as targets
 from dflash2.errors import DFlash2Error
 
 

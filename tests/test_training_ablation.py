@@ -8,7 +8,7 @@ from pathlib import Path
 import matplotlib.image as mpimg
 
 from dflash2.cli import main as cli_main
-from dflash2.config import DFlash2Config
+from dflash2.model.config import DFlash2Config
 
 REPO = Path(__file__).resolve().parents[1]
 

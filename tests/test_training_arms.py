@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash2.tiny import tiny_target
+from dflash2.targets.tiny import tiny_target
 from dflash2.training.trainer import Trainer
 from training_util import small_config, synthetic_sequences
 

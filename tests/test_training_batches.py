@@ -6,8 +6,8 @@ import pytest
 import torch
 
 
-from dflash2.proposer import DraftProposer
-from dflash2.tiny import tiny_draft, tiny_target
+from dflash2.decoding.proposer import DraftProposer
+from dflash2.targets.tiny import tiny_draft, tiny_target
 from dflash2.training.batches import Example, anchor_generator, block_attention_mask, build_batch, sample_anchors
 
 

@@ -5,9 +5,9 @@ import numpy as np
 import torch
 
 from training_util import synthetic_sequences
-from dflash2.shards import Record, ShardWriter
-from dflash2.target import TargetAdapter
-from dflash2.tiny import tiny_target
+from dflash2.data.shards import Record, ShardWriter
+from dflash2.decoding.target import TargetAdapter
+from dflash2.targets.tiny import tiny_target
 from dflash2.training.batches import Example, build_batch
 from dflash2.training.data import SequenceOrder, load_sequences
 from dflash2.training.features import FeatureSource

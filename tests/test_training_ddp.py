@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from training_util import small_config, synthetic_sequences
-from dflash2.tiny import tiny_target
+from dflash2.targets.tiny import tiny_target
 from dflash2.training.trainer import Trainer
 
 STEPS = 3
@@ -58,7 +58,7 @@ def _free_port() -> int:
 
 
 def test_two_gloo_ranks_match_one_process(tmp_path):
-    from dflash2.draft import DFlash2DraftModel
+    from dflash2.model.draft import DFlash2DraftModel
 
     reference = _train(tmp_path / "single")
     mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)

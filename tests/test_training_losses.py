@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dflash2.tiny import tiny_draft, tiny_target
+from dflash2.targets.tiny import tiny_draft, tiny_target
 from dflash2.training.batches import Example, build_batch
 from dflash2.training.losses import block_losses, position_weights
 from dflash2.training.trainer import Trainer

@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from dflash2.draft import DFlash2DraftModel
+from dflash2.model.draft import DFlash2DraftModel
 from dflash2.errors import DFlash2Error
-from dflash2.tiny import tiny_target
+from dflash2.targets.tiny import tiny_target
 from dflash2.training.trainer import Trainer, _check_same_config
 from training_util import small_config, synthetic_sequences
 

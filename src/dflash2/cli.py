@@ -20,11 +20,11 @@ from dflash2.errors import DFlash2Error, require
 
 # Subcommands implemented in their own modules: name -> (module, help).
 _DELEGATED = {
-    "regenerate": ("dflash2.regenerate", "regenerate training responses with the target"),
+    "regenerate": ("dflash2.data.regenerate", "regenerate training responses with the target"),
     "train": ("dflash2.training.trainer", "train a draft from a YAML config"),
     "ablation": ("dflash2.training.ablation", "equal-budget ablation: DFlash v1, +selector, +convs, DFlash2"),
-    "bench": ("dflash2.bench", "benchmark acceptance length, speed and losslessness"),
-    "analyze": ("dflash2.analyze", "analyse a draft: recall, oracle selector, suffix decay"),
+    "bench": ("dflash2.eval.bench", "benchmark acceptance length, speed and losslessness"),
+    "analyze": ("dflash2.eval.analyze", "analyse a draft: recall, oracle selector, suffix decay"),
 }
 
 
@@ -77,9 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_generate(args) -> int:
-    from dflash2.chat import encode_messages, encode_prompt
-    from dflash2.engine import GenerationConfig
-    from dflash2.loading import load_decoder
+    from dflash2.targets.chat import encode_messages, encode_prompt
+    from dflash2.decoding.engine import GenerationConfig
+    from dflash2.pipeline import load_decoder
 
     require((args.prompt is None) != (args.messages is None), "give exactly one of --prompt or --messages")
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -165,8 +165,8 @@ def _print_report(report: dict) -> None:
 
 
 def cmd_init_draft(args) -> int:
-    from dflash2.loading import new_draft
-    from dflash2.targets import load_target
+    from dflash2.pipeline import new_draft
+    from dflash2.targets.builtin import load_target
 
     model, tokenizer = load_target(args.target)
     shape = {"intermediate_size": args.intermediate_size} if args.intermediate_size else {}
@@ -181,7 +181,7 @@ def cmd_init_draft(args) -> int:
 
 
 def cmd_convert_target(args) -> int:
-    from dflash2.targets import convert_builtin
+    from dflash2.targets.builtin import convert_builtin
 
     start = time.perf_counter()
     path = convert_builtin(args.name, force=args.force)

@@ -22,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-from dflash2 import bench
-from dflash2.benchkit import build_pipeline, fmt, git_commit, machine_info, machine_line, markdown_table, parse_list
-from dflash2.benchkit import write_json, write_text
+from dflash2.eval import bench
+from dflash2.eval.benchkit import build_pipeline, fmt, git_commit, machine_info, machine_line, markdown_table, parse_list
+from dflash2.eval.benchkit import write_json, write_text
 from dflash2.errors import require
 from dflash2.fileio import atomic_write
 from dflash2.training.config import load_config

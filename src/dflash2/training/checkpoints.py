@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dflash2.config import DFlash2Config
-from dflash2.draft import DFlash2DraftModel
+from dflash2.model.config import DFlash2Config
+from dflash2.model.draft import DFlash2DraftModel
 from dflash2.errors import require
 from dflash2.fileio import atomic_directory, atomic_write
 

@@ -3,7 +3,7 @@
 Contract:
 - The trainer's data interface is a list of `(input_ids, loss_mask)` pairs (1-D int / bool
   tensors or arrays; loss_mask True on the tokens to predict). `load_sequences(dirs, max_seq_len)`
-  builds it from `dflash2.shards` directories (records = prompt + response, loss on the response),
+  builds it from `dflash2.data.shards` directories (records = prompt + response, loss on the response),
   truncating each to `max_seq_len` and dropping sequences with fewer than 2 supervised tokens.
   Tokens are kept as int32, masks as bool (about 5 bytes per token in memory).
 - `SequenceOrder(num_sequences, global_batch, seed)` fixes which sequences every optimiser step
@@ -39,7 +39,7 @@ def to_pair(input_ids, loss_mask, max_seq_len: int | None = None) -> Pair:
 
 def load_sequences(dirs: Iterable[str | Path], max_seq_len: int) -> tuple[list[Pair], dict]:
     """All records of the shard directories as (input_ids, loss_mask) pairs, plus counts."""
-    from dflash2.shards import read_records
+    from dflash2.data.shards import read_records
 
     pairs: list[Pair] = []
     counts = {"records": 0, "dropped": 0, "tokens": 0, "supervised_tokens": 0, "truncated": 0}

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from dflash2.fileio import atomic_write
-from dflash2.target import TargetAdapter
+from dflash2.decoding.target import TargetAdapter
 from dflash2.training.batches import Batch
 
 

@@ -23,11 +23,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dflash2.chat import choose_mask_token
-from dflash2.config import DFlash2Config
-from dflash2.draft import DFlash2DraftModel, init_linear_weights
+from dflash2.targets.chat import choose_mask_token
+from dflash2.model.config import DFlash2Config
+from dflash2.model.draft import DFlash2DraftModel, init_linear_weights
 from dflash2.errors import require
-from dflash2.target import decoder_layers
+from dflash2.decoding.target import decoder_layers
 from dflash2.training.batches import Batch
 from dflash2.training.config import TrainConfig
 from dflash2.training.losses import block_losses, position_weights

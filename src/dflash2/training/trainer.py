@@ -38,8 +38,8 @@ from tqdm import tqdm
 
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import atomic_write
-from dflash2.loading import cpu_has_native_bf16
-from dflash2.target import TargetAdapter
+from dflash2.pipeline import cpu_has_native_bf16
+from dflash2.decoding.target import TargetAdapter
 from dflash2.training import checkpoints as ckpt
 from dflash2.training.batches import Example, build_batch
 from dflash2.training.config import TrainConfig, load_config
@@ -85,7 +85,7 @@ class Trainer:
         self.autocast_dtype = autocast_dtype(t["precision"], device)
         target_dtype = torch.bfloat16 if (self.autocast_dtype and device.type == "cuda") else torch.float32
         if target_model is None:
-            from dflash2.targets import load_target
+            from dflash2.targets.builtin import load_target
             target_model, tokenizer = load_target(cfg.target["name"], device=device, dtype=target_dtype)
         target_model = target_model.to(device).eval().requires_grad_(False)
         self.draft, self.build_report = build_draft(cfg, target_model, tokenizer)

@@ -4,7 +4,7 @@ Contract: this file is executed as a script by the *peers* virtual environment
 (`scripts/setup_peers.sh`), never imported by dflash2, and imports nothing from dflash2 (that
 venv has its own transformers pin). Protocol:
 
-    PEERS_PYTHON dflash_reference_runner.py RESULT.json  < request.json
+    PEERS_PYTHON reference_runner.py RESULT.json  < request.json
 
 request: {"target": dir, "draft": dir, "device": "cpu", "dtype": "float32", "max_new_tokens": N,
           "temperature": T, "top_p": p, "top_k": k, "stop_token_ids": [...], "seed": s,
@@ -111,7 +111,7 @@ def run(request: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: dflash_reference_runner.py RESULT.json < request.json", file=sys.stderr)
+        print("usage: reference_runner.py RESULT.json < request.json", file=sys.stderr)
         return 2
     try:
         result = run(json.load(sys.stdin))

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen3Config
 
-from dflash2.config import DFlash2Config
-from dflash2.draft import DFlash2DraftModel, init_linear_weights
+from dflash2.model.config import DFlash2Config
+from dflash2.model.draft import DFlash2DraftModel, init_linear_weights
 from dflash2.errors import require
 
 FAMILIES = ("llama", "qwen3", "gemma3")

@@ -27,11 +27,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from dflash2.config import DFlash2Config
-from dflash2.conv import GroupedDynamicConv
+from dflash2.model.config import DFlash2Config
+from dflash2.model.conv import GroupedDynamicConv
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import atomic_directory
-from dflash2.selector import CandidateSelector
+from dflash2.model.selector import CandidateSelector
 
 
 class RMSNorm(nn.Module):

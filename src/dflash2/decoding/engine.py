@@ -20,12 +20,12 @@ from typing import Iterator
 
 import torch
 
-from dflash2.acceptance import greedy_accept, sample_accept, target_probs
-from dflash2.draft import DFlash2DraftModel
+from dflash2.decoding.acceptance import greedy_accept, sample_accept, target_probs
+from dflash2.model.draft import DFlash2DraftModel
 from dflash2.errors import require
-from dflash2.proposer import DraftProposer
-from dflash2.target import TargetAdapter
-from dflash2.timing import Stopwatch
+from dflash2.decoding.proposer import DraftProposer
+from dflash2.decoding.target import TargetAdapter
+from dflash2.decoding.timing import Stopwatch
 
 
 @dataclass

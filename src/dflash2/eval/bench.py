@@ -21,8 +21,8 @@ reuses those of an interrupted run with identical settings, weights and code.
 `--no-baseline` skips the autoregressive runs (acceptance length and throughput only; speedup and
 mismatches are None), e.g. for comparing drafts; MT-Bench's next turn then follows the speculative
 answer (a target sample either way; identical to the autoregressive one at T=0).
-With `--peers [hf,pld,dflash]` it also runs the peers of `dflash2.peers` at batch 1.
-Writes OUTPUT/results.json, results.md and the PNG plots of `dflash2.plots`.
+With `--peers [hf,pld,dflash]` it also runs the peers of `dflash2.eval.peers` at batch 1.
+Writes OUTPUT/results.json, results.md and the PNG plots of `dflash2.eval.plots`.
 """
 from __future__ import annotations
 
@@ -34,17 +34,17 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from dflash2 import peers as peer_runs
-from dflash2 import plots
-from dflash2.benchparts import PartStore, run_fingerprint, weights_digest
-from dflash2.benchkit import (add_model_arguments, build_pipeline, fmt, git_commit, load_conversations,
+from dflash2.eval import peers as peer_runs
+from dflash2.eval import plots
+from dflash2.eval.parts import PartStore, run_fingerprint, weights_digest
+from dflash2.eval.benchkit import (add_model_arguments, build_pipeline, fmt, git_commit, load_conversations,
                               machine_identity, machine_info, machine_line, markdown_table, parse_list, write_json,
                               write_text)
-from dflash2.chat import encode_messages
-from dflash2.engine import GenerationConfig, SequenceStats, SpeculativeDecoder
+from dflash2.targets.chat import encode_messages
+from dflash2.decoding.engine import GenerationConfig, SequenceStats, SpeculativeDecoder
 from dflash2.errors import DFlash2Error, require
-from dflash2.loading import Pipeline, shipped_draft_path
-from dflash2.prompts import BENCHMARKS
+from dflash2.pipeline import Pipeline, shipped_draft_path
+from dflash2.data.prompts import BENCHMARKS
 
 DEFINITIONS = {
     "acceptance_length": "committed tokens / verification passes, bonus token counted, prefill token excluded; "
@@ -214,7 +214,7 @@ def bench_dataset(pipe: Pipeline, ar: SpeculativeDecoder, name: str, conversatio
 
 def peer_model_dirs(pipe: Pipeline, args, out: Path) -> tuple[str | None, str | None]:
     """Directories of the target and the draft checkpoint that the reference package should load."""
-    from dflash2.targets import BUILTIN_TARGETS, resolve_target
+    from dflash2.targets.builtin import BUILTIN_TARGETS, resolve_target
 
     if getattr(args, "tiny", False):
         target_dir = out / "peer-models" / "tiny-target"

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
-from dflash2.chat import choose_mask_token, stop_token_ids
-from dflash2.config import DFlash2Config
-from dflash2.draft import DFlash2DraftModel, init_linear_weights, read_config
-from dflash2.engine import SpeculativeDecoder
+from dflash2.targets.chat import choose_mask_token, stop_token_ids
+from dflash2.model.config import DFlash2Config
+from dflash2.model.draft import DFlash2DraftModel, init_linear_weights, read_config
+from dflash2.decoding.engine import SpeculativeDecoder
 from dflash2.errors import require
-from dflash2.target import TargetAdapter
-from dflash2.targets import BUILTIN_TARGETS, load_target
+from dflash2.decoding.target import TargetAdapter
+from dflash2.targets.builtin import BUILTIN_TARGETS, load_target
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}

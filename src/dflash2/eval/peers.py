@@ -11,7 +11,7 @@ that cannot run here: the reason goes into the results instead. SUMMARY has `tok
 - `hf_prompt_lookup(...)`: `generate(prompt_lookup_num_tokens=B-1)`, batch 1 (the only batch size
   HF assisted decoding supports). Acceptance length = new tokens / target forward passes, counted
   with a forward hook (HF merges the prefill with the first verification, so that pass counts).
-- `dflash_reference(...)`: PyPI `dflash` 0.1.0 run by `dflash_reference_runner.py` in the peers
+- `dflash_reference(...)`: PyPI `dflash` 0.1.0 run by `reference_runner.py` in the peers
   venv (default `.venv-peers`, made by `scripts/setup_peers.sh`; `--peers-python` or
   `$DFLASH2_PEERS_PYTHON` override), over a JSON file protocol, batch 1.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-RUNNER = Path(__file__).with_name("dflash_reference_runner.py")
+RUNNER = Path(__file__).with_name("reference_runner.py")
 PEER_NAMES = ("hf", "pld", "dflash")
 
 

@@ -33,15 +33,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dflash2 import plots
-from dflash2.benchkit import (add_model_arguments, build_pipeline, first_turns, git_commit, load_conversations,
+from dflash2.eval import plots
+from dflash2.eval.benchkit import (add_model_arguments, build_pipeline, first_turns, git_commit, load_conversations,
                               machine_info, machine_line, markdown_table, parse_list, write_json, write_text)
-from dflash2.draft import apply_rope, rope_cos_sin
-from dflash2.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.model.draft import apply_rope, rope_cos_sin
+from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.errors import require
-from dflash2.loading import Pipeline
-from dflash2.proposer import DraftProposer
-from dflash2.timing import Stopwatch
+from dflash2.pipeline import Pipeline
+from dflash2.decoding.proposer import DraftProposer
+from dflash2.decoding.timing import Stopwatch
 
 
 def parse_args(argv):

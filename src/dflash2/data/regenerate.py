@@ -33,11 +33,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dflash2.chat import encode_prompt, stop_token_ids
-from dflash2.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.targets.chat import encode_prompt, stop_token_ids
+from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.errors import DFlash2Error, require
-from dflash2.shards import Record, ShardWriter
-from dflash2.target import TargetAdapter
+from dflash2.data.shards import Record, ShardWriter
+from dflash2.decoding.target import TargetAdapter
 
 
 @dataclass
@@ -94,7 +94,7 @@ def encode_training_prompts(tokenizer, num_prompts: int, seed: int = 0, source: 
                             max_prompt_tokens: int = 512) -> list[Prompt]:
     """The first `num_prompts` training prompts (seeded order) whose encoding fits; ids are
     "<dataset>:<id>"."""
-    from dflash2.prompts import training_prompts
+    from dflash2.data.prompts import training_prompts
 
     prompts: list[Prompt] = []
     for conversation in training_prompts(seed=seed, sources=(source,)):
@@ -151,7 +151,7 @@ def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_
     GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k).validate()
     draft_label = None if draft is None else str(draft) if isinstance(draft, (str, Path)) else type(draft).__name__
     if isinstance(draft, (str, Path)):
-        from dflash2.draft import DFlash2DraftModel
+        from dflash2.model.draft import DFlash2DraftModel
 
         draft = DFlash2DraftModel.from_pretrained(str(draft)).to(next(model.parameters()).device).eval()
     run = {**(run or {}), "batch_size": batch_size, "shard_size": shard_size, "draft": draft_label}
@@ -184,7 +184,7 @@ def regenerate(target: str, out_dir: str | Path, num_prompts: int, max_new_token
                prompts_source: str = "sharegpt", max_prompt_tokens: int = 512, top_p: float = 1.0,
                top_k: int = 0, progress: bool = True) -> dict:
     """Regenerate the responses of `num_prompts` training prompts with `target` into `out_dir`."""
-    from dflash2.targets import load_target, resolve_target
+    from dflash2.targets.builtin import load_target, resolve_target
 
     require(isinstance(num_prompts, int) and num_prompts > 0, f"num_prompts must be a positive integer, got {num_prompts!r}")
     require(isinstance(max_prompt_tokens, int) and max_prompt_tokens > 0,
@@ -212,7 +212,7 @@ def regenerate(target: str, out_dir: str | Path, num_prompts: int, max_new_token
 # --------------------------------------------------------------------------- command line
 
 def build_parser() -> argparse.ArgumentParser:
-    from dflash2.prompts import TRAINING_SOURCES
+    from dflash2.data.prompts import TRAINING_SOURCES
 
     parser = argparse.ArgumentParser(
         prog="dflash2 regenerate",

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash2.acceptance import dense_q
-from dflash2.draft import DFlash2DraftModel
-from dflash2.ragged import right_align
-from dflash2.timing import Stopwatch
+from dflash2.decoding.acceptance import dense_q
+from dflash2.model.draft import DFlash2DraftModel
+from dflash2.decoding.ragged import right_align
+from dflash2.decoding.timing import Stopwatch
 
 
 @dataclass

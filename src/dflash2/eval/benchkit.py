@@ -3,7 +3,7 @@
 Contract:
 - `build_pipeline(args)` returns a `loading.Pipeline`: the real target and draft from
   `args.target / args.draft / args.device / args.dtype`, or, with the hidden `--tiny` option, a
-  random tiny Llama target and DFlash2 draft from `dflash2.tiny` with a character-level
+  random tiny Llama target and DFlash2 draft from `dflash2.targets.tiny` with a character-level
   `TinyTokenizer` (seconds on a CPU; used by the smoke tests).
 - `load_conversations(datasets, num_prompts, dataset_file)` -> {dataset name: [Conversation]} from
   the shipped benchmarks and/or a user JSONL file (reported under the file's stem).
@@ -24,8 +24,8 @@ import torch
 
 from dflash2.errors import require
 from dflash2.fileio import atomic_write
-from dflash2.loading import Pipeline, cpu_has_native_bf16, load_decoder
-from dflash2.prompts import BENCHMARKS, Conversation, load_benchmark, load_prompt_file
+from dflash2.pipeline import Pipeline, cpu_has_native_bf16, load_decoder
+from dflash2.data.prompts import BENCHMARKS, Conversation, load_benchmark, load_prompt_file
 
 
 class TinyTokenizer:
@@ -51,9 +51,9 @@ class TinyTokenizer:
 
 
 def tiny_pipeline(seed: int = 0) -> Pipeline:
-    from dflash2.engine import SpeculativeDecoder
-    from dflash2.target import TargetAdapter
-    from dflash2.tiny import tiny_draft, tiny_target
+    from dflash2.decoding.engine import SpeculativeDecoder
+    from dflash2.decoding.target import TargetAdapter
+    from dflash2.targets.tiny import tiny_draft, tiny_target
 
     target = tiny_target("llama", seed=seed)
     draft = tiny_draft(target, seed=seed)
@@ -179,6 +179,6 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
 
 
 def first_turns(conversations: list[Conversation], tokenizer) -> list[list[int]]:
-    from dflash2.chat import encode_messages
+    from dflash2.targets.chat import encode_messages
 
     return [encode_messages(tokenizer, [{"role": "user", "content": c.turns[0]}]) for c in conversations]

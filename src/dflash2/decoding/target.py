@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from dflash2.errors import require
-from dflash2.ragged import right_align
+from dflash2.decoding.ragged import right_align
 
 _RECURRENT_LAYER_TYPES = ("linear_attention", "mamba", "conv", "recurrent", "mamba2", "gated_deltanet")
 
