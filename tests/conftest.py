@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import random
+
 from dflash2.decoding.engine import SpeculativeDecoder
+from dflash2.decoding.policy import CyclePlan, SpeculationPolicy
 from dflash2.decoding.proposer import Proposal
 from dflash2.targets.tiny import tiny_draft, tiny_target
 
@@ -27,7 +30,7 @@ class OracleProposer:
         self.vocab_size = vocab_size
         self.wrong = wrong
 
-    def start(self, features, mask):
+    def add_rows(self, features, mask):
         pass
 
     def append(self, features, counts, first_position):
@@ -36,7 +39,7 @@ class OracleProposer:
     def select_rows(self, rows):
         self.sequences = [self.sequences[int(r)] for r in rows]
 
-    def propose(self, anchors, start_positions, block_size, temperature, generator=None):
+    def propose(self, anchors, start_positions, block_size, temperature, seeds):
         tokens = []
         for seq, start in zip(self.sequences, start_positions.tolist()):
             row = [seq[p] if p < len(seq) else 0 for p in range(start + 1, start + block_size)]
@@ -47,8 +50,10 @@ class OracleProposer:
 class OracleDecoder(SpeculativeDecoder):
     """Decodes with an oracle proposer that knows each prompt's reference continuation."""
 
-    def __init__(self, target, prompts, outputs, block_size, wrong=False):
-        super().__init__(target, None)
+    custom_proposer = True
+
+    def __init__(self, target, prompts, outputs, block_size, wrong=False, speculate="always"):
+        super().__init__(target, None, speculate=speculate)
         self.reference = {tuple(p): p + o for p, o in zip(prompts, outputs)}
         self.wrong = wrong
         self.fixed_block = block_size
@@ -62,6 +67,31 @@ class OracleDecoder(SpeculativeDecoder):
 
     def new_proposer(self, stopwatch):
         return self.oracle
+
+
+class RandomLengthPolicy(SpeculationPolicy):
+    """Adaptive length taken to the extreme: each cycle verifies a random number of drafts
+    (0..B-1), and one cycle in five is a plain step without a draft pass (a fallback)."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__("auto")
+        self.random = random.Random(seed)
+
+    def plan(self, b):
+        return CyclePlan(draft=self.random.random() >= 0.2)
+
+    def choose_length(self, b, confidence, greedy, block, probe=False):
+        return self.random.randrange(block)
+
+
+def with_speculation(decoder, mode: str):
+    """The decoder with speculation mode `mode`: "always", "auto", "never" or "random"
+    (`RandomLengthPolicy`)."""
+    decoder.policy = RandomLengthPolicy() if mode == "random" else SpeculationPolicy(mode)
+    return decoder
+
+
+MODES = ("always", "auto", "random")
 
 
 @pytest.fixture(autouse=True)

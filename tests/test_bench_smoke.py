@@ -30,7 +30,7 @@ def test_bench_smoke(tmp_path):
     out = tmp_path / "bench"
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text('{"prompt": "Count to five."}\n{"turns": ["Hi there.", "And again?"], "id": "two"}\n')
-    status = cli_main(["bench", "--tiny", "--datasets", "gsm8k,mt-bench", "--dataset-file", str(prompts),
+    status = cli_main(["bench", "--tiny", "--speculate", "always", "--datasets", "gsm8k,mt-bench", "--dataset-file", str(prompts),
                        "--num-prompts", "2", "--max-new-tokens", "16", "--concurrency", "1,2",
                        "--peers", "hf,pld,dflash", "--peers-python", str(tmp_path / "no-such-python"),
                        "--output", str(out)])
@@ -59,7 +59,7 @@ def test_bench_smoke(tmp_path):
 
 def test_bench_without_baseline_reports_the_same_acceptance(tmp_path):
     """--no-baseline (draft comparisons) skips the AR runs but decodes exactly as the full bench."""
-    common = ["bench", "--tiny", "--datasets", "gsm8k,mt-bench", "--num-prompts", "2", "--max-new-tokens", "12",
+    common = ["bench", "--tiny", "--speculate", "always", "--datasets", "gsm8k,mt-bench", "--num-prompts", "2", "--max-new-tokens", "12",
               "--concurrency", "2"]
     assert cli_main(common + ["--output", str(tmp_path / "full")]) == 0
     assert cli_main(common + ["--no-baseline", "--output", str(tmp_path / "fast")]) == 0
@@ -75,7 +75,7 @@ def test_bench_without_baseline_reports_the_same_acceptance(tmp_path):
 
 def test_bench_resume_reuses_only_matching_parts(tmp_path):
     out = tmp_path / "bench"
-    argv = ["bench", "--tiny", "--datasets", "gsm8k,mt-bench", "--num-prompts", "2", "--max-new-tokens", "10",
+    argv = ["bench", "--tiny", "--speculate", "always", "--datasets", "gsm8k,mt-bench", "--num-prompts", "2", "--max-new-tokens", "10",
             "--concurrency", "1", "--peers", "hf", "--output", str(out)]
     assert cli_main(argv) == 0
     first = json.loads((out / "results.json").read_text())
@@ -92,6 +92,20 @@ def test_bench_resume_reuses_only_matching_parts(tmp_path):
     other = argv[:argv.index("--max-new-tokens") + 1] + ["9"] + argv[argv.index("--max-new-tokens") + 2:]
     assert cli_main(other + ["--resume"]) == 0  # different settings: nothing reused
     assert json.loads((out / "results.json").read_text())["settings"]["resumed_parts"] == []
+
+
+def test_bench_auto_mode_is_lossless_and_reports_its_choices(tmp_path):
+    """The default `--speculate auto` on an untrained draft: outputs equal plain decoding, and the
+    report says how many drafts each cycle verified and how long the batch ran without drafting."""
+    out = tmp_path / "auto"
+    assert cli_main(["bench", "--tiny", "--datasets", "gsm8k", "--num-prompts", "3", "--max-new-tokens", "24",
+                     "--concurrency", "1,3", "--output", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["settings"]["speculate"] == "auto"
+    for c, entry in results["overall"]["by_concurrency"].items():
+        assert entry["mismatches"] == 0, c
+        assert {"drafts_verified_per_cycle", "draft_lengths", "plain_steps", "fallback_seconds"} <= set(entry)
+        assert entry["plain_steps"] + entry["cycles"] > 0
 
 
 def test_analyze_smoke(tmp_path):

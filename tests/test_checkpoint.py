@@ -66,8 +66,8 @@ def test_save_load_round_trip_and_same_output(tmp_path, tiny_models):
         assert n1 == n2 and torch.equal(t1, t2)
     prompts = [[5, 6, 7, 8], [9, 10]]
     config = GenerationConfig(max_new_tokens=12)
-    a = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft).generate(prompts, config)
-    b = SpeculativeDecoder(TargetAdapter(target, loaded.config.target_layer_ids), loaded).generate(prompts, config)
+    a = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft, "always").generate(prompts, config)
+    b = SpeculativeDecoder(TargetAdapter(target, loaded.config.target_layer_ids), loaded, "always").generate(prompts, config)
     assert [r.tokens for r in a] == [r.tokens for r in b]
     assert [r.stats.committed_per_cycle for r in a] == [r.stats.committed_per_cycle for r in b]
 
@@ -95,7 +95,7 @@ def test_fresh_dflash2_equals_dflash_v1(tiny_models):
     v1.load_state_dict({n: t for n, t in v2.state_dict().items() if "conv" not in n and "selector" not in n})
     prompts = [[4, 5, 6, 7, 8, 9]]
     config = GenerationConfig(max_new_tokens=16, block_size=8)
-    runs = [SpeculativeDecoder(TargetAdapter(target, d.config.target_layer_ids), d).generate(prompts, config)[0]
+    runs = [SpeculativeDecoder(TargetAdapter(target, d.config.target_layer_ids), d, "always").generate(prompts, config)[0]
             for d in (v1, v2)]
     assert runs[0].tokens == runs[1].tokens
     assert runs[0].stats.committed_per_cycle == runs[1].stats.committed_per_cycle

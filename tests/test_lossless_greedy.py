@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import OracleDecoder
+from conftest import MODES, OracleDecoder, with_speculation
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.target import TargetAdapter
 
@@ -42,13 +42,14 @@ def run_batched(decoder, prompts, config, batch_size):
     return results
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
 @pytest.mark.parametrize("batch_size", [1, 4])
 @pytest.mark.parametrize("block_size", [2, 4, 8])
-def test_random_draft_matches_target_greedy(tiny_models, family, batch_size, block_size):
+def test_random_draft_matches_target_greedy(tiny_models, family, batch_size, block_size, mode):
     target, draft = tiny_models[family]
     prompts, expected = reference(family, target)
-    decoder = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft)
+    decoder = with_speculation(SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft), mode)
     config = GenerationConfig(max_new_tokens=NEW_TOKENS, block_size=block_size)
     results = run_batched(decoder, prompts, config, batch_size)
     assert [r.tokens for r in results] == expected
@@ -82,9 +83,10 @@ def test_always_wrong_draft_gives_one_token_per_cycle(tiny_models, family):
         assert r.stats.cycles == NEW_TOKENS - 1
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("batch_size", [1, 4])
-def test_stop_tokens_mid_block(tiny_models, family, batch_size):
+def test_stop_tokens_mid_block(tiny_models, family, batch_size, mode):
     """Rows stop at their first stop token (kept), wherever it falls in a block."""
     target, draft = tiny_models[family]
     prompts, expected = reference(family, target)
@@ -92,8 +94,8 @@ def test_stop_tokens_mid_block(tiny_models, family, batch_size):
     want = [e[: e.index(stop) + 1] if stop in e else e for e in expected]
     assert any(len(w) < NEW_TOKENS for w in want)
     config = GenerationConfig(max_new_tokens=NEW_TOKENS, stop_token_ids=(stop,), block_size=8)
-    for decoder in (SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft),
-                    OracleDecoder(TargetAdapter(target), prompts, expected, 8)):
+    for decoder in (with_speculation(SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft), mode),
+                    with_speculation(OracleDecoder(TargetAdapter(target), prompts, expected, 8), mode)):
         results = run_batched(decoder, prompts, config, batch_size)
         assert [r.tokens for r in results] == want
         assert [r.finish_reason for r in results] == ["stop" if stop in e else "length" for e in expected]
@@ -113,3 +115,48 @@ def test_stream_yields_the_generated_tokens(tiny_models):
     chunks = list(decoder.stream(prompts[0], GenerationConfig(max_new_tokens=NEW_TOKENS)))
     assert sum(chunks, []) == expected[0]
     assert len(chunks) >= 2
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+def test_requests_joining_a_running_batch_match_target_greedy(tiny_models, family, mode):
+    """Continuous batching: requests join the running batch at cycle boundaries (their prefill
+    merged into the ragged batch, whatever their lengths) and leave when done; every one is still
+    the target's own greedy output."""
+    target, draft = tiny_models[family]
+    prompts, expected = reference(family, target)
+    decoder = with_speculation(SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft), mode)
+    session = decoder.session()
+    lengths = [NEW_TOKENS, 7, NEW_TOKENS, 3, 12, NEW_TOKENS, 1, 9]
+    outputs, order, waiting = {}, {}, list(range(len(lengths)))
+    cycles = 0
+    while waiting or session:
+        if waiting and cycles % 3 == 0:  # two new requests every third cycle
+            for i in waiting[:2]:
+                [key] = session.add([prompts[i]], GenerationConfig(max_new_tokens=lengths[i]))
+                order[key] = i
+            waiting = waiting[2:]
+        for event in session.step():
+            outputs.setdefault(order[event.key], []).extend(event.tokens)
+            if event.result is not None:
+                assert event.result.tokens == outputs[order[event.key]]
+        cycles += 1
+    assert [outputs[i] for i in range(len(lengths))] == [expected[i][:n] for i, n in enumerate(lengths)]
+
+
+def test_cancelled_request_leaves_the_others_intact(tiny_models):
+    target, draft = tiny_models["llama"]
+    prompts, expected = reference("llama", target)
+    decoder = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft, speculate="always")
+    session = decoder.session()
+    keys = session.add(prompts[:3], GenerationConfig(max_new_tokens=NEW_TOKENS))
+    outputs = {k: [] for k in keys}
+    for step in range(100):
+        if step == 2:
+            session.cancel(keys[1])
+        for event in session.step():
+            outputs[event.key] += event.tokens
+        if not session:
+            break
+    assert outputs[keys[0]] == expected[0] and outputs[keys[2]] == expected[2]
+    assert len(outputs[keys[1]]) < NEW_TOKENS

@@ -20,10 +20,11 @@ from scipy.stats import chisquare
 
 import dflash2.decoding.engine as engine_module
 from dflash2.decoding.acceptance import sample_accept
+from dflash2.rng import sample_from
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.target import TargetAdapter
 from dflash2.targets.tiny import tiny_draft, tiny_target
-from conftest import TEST_DEVICE
+from conftest import TEST_DEVICE, with_speculation
 
 VOCAB = 8
 SAMPLES = 20_000
@@ -86,9 +87,11 @@ def models():
     return target.to(TEST_DEVICE), draft.to(TEST_DEVICE)
 
 
-def sample_triples(target, draft, setting, seed=0) -> np.ndarray:
+def sample_triples(target, draft, setting, seed=0, mode="always") -> np.ndarray:
     adapter = TargetAdapter(target, None if draft is None else draft.config.target_layer_ids)
     decoder = SpeculativeDecoder(adapter, draft)
+    if draft is not None:
+        with_speculation(decoder, mode)
     config = GenerationConfig(max_new_tokens=3, seed=seed, **setting)
     results = decoder.generate([PROMPT] * SAMPLES, config)
     triples = np.array([r.tokens for r in results])
@@ -108,10 +111,13 @@ def chi_square_pvalue(cells: np.ndarray, probs: np.ndarray) -> float:
     return float(chisquare(obs, exp).pvalue)
 
 
+@pytest.mark.parametrize("mode", ["always", "random"])
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: f"T{s['temperature']}-p{s['top_p']}-k{s['top_k']}")
-def test_speculative_sampling_matches_target_distribution(models, setting):
+def test_speculative_sampling_matches_target_distribution(models, setting, mode):
+    """`random` verifies a random number of drafts each cycle and sometimes none (adaptive length
+    and fallback at their most varied)."""
     target, draft = models
-    pvalue = chi_square_pvalue(sample_triples(target, draft, setting), exact_joint(target, setting))
+    pvalue = chi_square_pvalue(sample_triples(target, draft, setting, mode=mode), exact_joint(target, setting))
     assert pvalue > ALPHA, f"sampled distribution differs from the target's (p = {pvalue:.2e})"
 
 
@@ -122,23 +128,65 @@ def test_autoregressive_sampling_matches_target_distribution(models):
     assert pvalue > ALPHA
 
 
-def accept_ignoring_q(draft, p, q, generator=None):
+def accept_ignoring_q(draft, p, q, u_accept, u_token, limit=None):
     """Broken: accept with probability p(d) instead of min(1, p/q)."""
-    return sample_accept(draft, p, torch.ones_like(q), generator)
+    return sample_accept(draft, p, torch.ones_like(q), u_accept, u_token, limit)
 
 
-def resample_from_p(draft, p, q, generator=None):
+def resample_from_p(draft, p, q, u_accept, u_token, limit=None):
     """Broken: on rejection draw from p instead of the residual max(p - q, 0)."""
-    accepted, _ = sample_accept(draft, p, q, generator)
-    rows = torch.arange(draft.shape[0])
+    accepted, _ = sample_accept(draft, p, q, u_accept, u_token, limit)
+    rows = torch.arange(draft.shape[0], device=draft.device)
     position = accepted.clamp(max=draft.shape[1])
-    return accepted, torch.multinomial(p[rows, position], 1, generator=generator)[:, 0]
+    return accepted, sample_from(p[rows, position], u_token[rows, accepted])
 
 
+@pytest.mark.parametrize("mode", ["always", "random"])
 @pytest.mark.parametrize("broken_rule", [accept_ignoring_q, resample_from_p])
-def test_the_test_rejects_broken_acceptance_rules(models, monkeypatch, broken_rule):
+def test_the_test_rejects_broken_acceptance_rules(models, monkeypatch, broken_rule, mode):
     target, draft = models
     setting = SETTINGS[0]
     monkeypatch.setattr(engine_module, "sample_accept", broken_rule)
-    pvalue = chi_square_pvalue(sample_triples(target, draft, setting), exact_joint(target, setting))
+    pvalue = chi_square_pvalue(sample_triples(target, draft, setting, mode=mode), exact_joint(target, setting))
     assert pvalue < ALPHA, f"broken rule {broken_rule.__name__} was not detected (p = {pvalue:.2e})"
+
+
+def test_greedy_and_sampled_rows_share_a_batch(models):
+    """Rows with different settings in one batch (as the server runs them): the greedy rows are the
+    target's greedy output, the sampled rows follow the processed distribution exactly."""
+    target, draft = models
+    setting = SETTINGS[1]
+    decoder = with_speculation(SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft), "random")
+    session = decoder.session()
+    sampled = session.add([PROMPT] * SAMPLES, GenerationConfig(max_new_tokens=3, seed=11, **setting))
+    greedy = session.add([PROMPT] * 64, GenerationConfig(max_new_tokens=3))
+    results = {}
+    while session:
+        for event in session.step():
+            if event.result is not None:
+                results[event.key] = event.result.tokens
+    ids = torch.tensor([PROMPT], device=target.device)
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, min_new_tokens=3,
+                               do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
+    assert all(results[k] == expected for k in greedy)
+    triples = np.array([results[k] for k in sampled])
+    cells = triples[:, 0] * VOCAB * VOCAB + triples[:, 1] * VOCAB + triples[:, 2]
+    assert chi_square_pvalue(cells, exact_joint(target, setting)) > ALPHA
+
+
+def test_a_seeded_request_is_the_same_alone_or_in_a_batch(models):
+    target, draft = models
+    decoder = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft, speculate="always")
+    config = GenerationConfig(max_new_tokens=12, temperature=1.0, seed=1234)
+    alone = decoder.generate([PROMPT], config)[0].tokens
+    assert decoder.generate([PROMPT], config)[0].tokens == alone
+    session = decoder.session()
+    session.add([[2, 7, 1], PROMPT + [4]], GenerationConfig(max_new_tokens=9, temperature=0.8, seed=5))
+    [key] = session.add([PROMPT], config)
+    session.add([[6, 6]], GenerationConfig(max_new_tokens=20))
+    got = []
+    while session:
+        got += [t for e in session.step() if e.key == key for t in e.tokens]
+    assert got == alone
+    other = decoder.generate([PROMPT], GenerationConfig(max_new_tokens=12, temperature=1.0, seed=1235))[0].tokens
+    assert other != alone

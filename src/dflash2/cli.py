@@ -45,6 +45,9 @@ def _generate_parser(sub) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", help="target dtype (exact-equality claims hold in float32)")
     p.add_argument("--draft-dtype", default="auto", help="auto (the target's dtype; bf16 on CPUs with native bf16), float32, bfloat16")
+    p.add_argument("--speculate", default="auto", choices=("auto", "always", "never"),
+                   help="auto (default): verify only the draft tokens that pay for themselves and fall back to plain "
+                        "decoding when drafting does not pay; always: verify the whole block every cycle; never: plain")
     p.add_argument("--compare", action="store_true", help="also run the autoregressive baseline and compare")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
@@ -87,7 +90,8 @@ def cmd_generate(args) -> int:
     config.validate()
     if args.prompt is not None:
         require(args.prompt.strip() != "", "empty prompt: --prompt has no text")
-    pipe = load_decoder(args.target, args.draft, args.device, args.dtype, args.no_draft, args.draft_dtype)
+    pipe = load_decoder(args.target, args.draft, args.device, args.dtype, args.no_draft, args.draft_dtype,
+                        args.speculate)
     chat = False if args.no_chat else None
     if args.messages:
         try:
@@ -108,7 +112,7 @@ def cmd_generate(args) -> int:
     report = _report(pipe, result)
     if args.compare:
         baseline = type(pipe.decoder)(pipe.decoder.target).generate([ids], config)[0]
-        tps = baseline.stats.new_tokens / baseline.stats.total_seconds
+        tps = baseline.stats.new_tokens / baseline.timing.total_seconds
         report.update(baseline_tokens_per_second=tps, speedup=report["tokens_per_second"] / tps,
                       identical=baseline.tokens == result.tokens)
     if args.json:
@@ -123,28 +127,31 @@ def _run_streaming(pipe, ids, config, echo: bool):
     tokens: list[int] = []
     printed = ""
     result = None
-    for _row, new, final in pipe.decoder.decode_events([ids], config):
-        tokens += new
+    for event in pipe.decoder.decode_events([ids], config):
+        tokens += event.tokens
         if echo:
             text = pipe.tokenizer.decode(tokens, skip_special_tokens=True)
             print(text[len(printed):], end="", flush=True)
             printed = text
-        if final is not None:
-            result = final
+        if event.result is not None:
+            result = event.result
     if echo:
         print()
     return result
 
 
 def _report(pipe, result) -> dict:
-    stats = result.stats.as_dict()
+    stats, timing = result.stats.as_dict(), result.timing
     return {
         "text": pipe.tokenizer.decode(result.tokens, skip_special_tokens=True),
         "new_tokens": stats["new_tokens"], "finish_reason": result.finish_reason,
-        "acceptance_length": stats["acceptance_length"], "tokens_per_second": stats["tokens_per_second"],
-        "cycles": stats["cycles"], "histogram": stats["histogram"],
-        "position_acceptance": stats["position_acceptance"], "phase_seconds": stats["phase_seconds"],
-        "draft": pipe.draft_description,
+        "acceptance_length": stats["acceptance_length"],
+        "tokens_per_second": stats["new_tokens"] / timing.total_seconds if timing.total_seconds else 0.0,
+        "cycles": stats["cycles"], "plain_steps": stats["plain_steps"],
+        "drafts_verified_per_cycle": stats["mean_drafts_verified"], "draft_lengths": stats["draft_lengths"],
+        "fallback_seconds": timing.plain_seconds, "histogram": stats["histogram"],
+        "position_acceptance": stats["position_acceptance"], "phase_seconds": timing.phase_seconds,
+        "speculate": pipe.decoder.speculate, "draft": pipe.draft_description,
     }
 
 
@@ -152,7 +159,11 @@ def _print_report(report: dict) -> None:
     print("---")
     print(f"new tokens: {report['new_tokens']} ({report['finish_reason']}) | cycles: {report['cycles']} | "
           f"acceptance length: {report['acceptance_length']:.2f} | {report['tokens_per_second']:.1f} tok/s")
+    if report["plain_steps"]:
+        print(f"plain steps (no draft): {report['plain_steps']} ({report['fallback_seconds']:.2f} s)")
     if report["cycles"]:
+        lengths = " ".join(f"{k}:{v}" for k, v in report["draft_lengths"].items())
+        print(f"drafts verified per cycle: {report['drafts_verified_per_cycle']:.2f} (lengths {lengths})")
         hist = " ".join(f"{k}:{v}" for k, v in report["histogram"].items())
         pos = " ".join(f"{p:.2f}" for p in report["position_acceptance"])
         print(f"tokens per cycle histogram: {hist}")

@@ -5,7 +5,7 @@ Contract:
 - `new_draft(model, tokenizer, **shape)`: a correctly shaped, freshly initialised (untrained) draft.
 - `shipped_draft_path(target_name)`: the trained draft shipped in the package for a built-in
   target, or None.
-- `load_decoder(target, draft, device, dtype, no_draft)` -> `Pipeline` with the decoder, the
+- `load_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate)` -> `Pipeline` with the decoder, the
   tokenizer, the stop tokens and a one-line description of the draft in use ("untrained" when no
   trained draft exists for that target).
 """
@@ -21,6 +21,7 @@ from dflash2.targets.chat import choose_mask_token, stop_token_ids
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel, init_linear_weights, read_config
 from dflash2.decoding.engine import SpeculativeDecoder
+from dflash2.decoding.policy import SPECULATE_MODES
 from dflash2.errors import require
 from dflash2.decoding.target import TargetAdapter
 from dflash2.targets.builtin import BUILTIN_TARGETS, load_target
@@ -79,7 +80,9 @@ class Pipeline:
 
 
 def load_decoder(target: str = "smollm2", draft: str | None = None, device: str = "cpu",
-                 dtype: str = "float32", no_draft: bool = False, draft_dtype: str = "auto") -> Pipeline:
+                 dtype: str = "float32", no_draft: bool = False, draft_dtype: str = "auto",
+                 speculate: str = "auto") -> Pipeline:
+    require(speculate in SPECULATE_MODES, f"--speculate must be one of {', '.join(SPECULATE_MODES)}, got '{speculate}'")
     torch_dtype = parse_dtype(dtype)
     draft_torch_dtype = draft_dtype_for(draft_dtype, device, torch_dtype)
     if draft is not None and not no_draft:  # fail on a bad draft before the (slow) target load
@@ -104,5 +107,5 @@ def load_decoder(target: str = "smollm2", draft: str | None = None, device: str 
     draft_model = draft_model.to(device=device, dtype=draft_torch_dtype)
     kind = "DFlash2" if draft_model.config.is_dflash2 else "DFlash v1"
     adapter = TargetAdapter(model, draft_model.config.target_layer_ids)
-    return Pipeline(SpeculativeDecoder(adapter, draft_model), tokenizer, stops,
+    return Pipeline(SpeculativeDecoder(adapter, draft_model, speculate=speculate), tokenizer, stops,
                     f"{description} [{kind}, {str(draft_torch_dtype).removeprefix('torch.')}]", trained)

@@ -3,31 +3,37 @@
 Contract:
 - `DraftProposer(draft)` holds, per draft layer, the K/V of the target features committed so far
   (left-padded like the target cache) plus their positions and validity mask.
-- `start(features, mask)` fills it from the prefill; `append(features, counts)` adds the features
-  of the tokens committed in a cycle (the first counts[r] of the q verified positions);
-  `select_rows(rows)` drops finished sequences.
-- `propose(anchors, start_positions, block_size, temperature, generator)` runs one block
+- `add_rows(features, mask)` adds the context of newly prefilled rows (the first call starts the
+  batch; later rows are merged in, left-padded like the target cache, and come last);
+  `append(features, counts, first_position)` adds the features of the tokens committed in a
+  cycle (the first counts[r] of the q verified positions); `select_rows(rows)` drops sequences.
+- `propose(anchors, start_positions, block_size, temperature, seeds)` runs one block
   `[anchor, MASK x (block_size-1)]` at positions start..start+block_size-1 and returns a `Proposal`:
-  draft tokens [b, T] and, when sampling, the dense distribution q [b, T, V] each was drawn from.
-  With a selector the tokens are a path through the top-K candidates; without one (DFlash v1)
-  they are per-position argmax / samples of the draft logits.
+  draft tokens [b, T], the dense distribution q [b, T, V] each was drawn from (None when every row
+  is greedy) and the draft's confidence in each token [b, T] (the probability it gave the token).
+  `temperature` and `seeds` are per row ([b]); sampled rows draw with `dflash2.rng` uniforms keyed
+  by (seed, position). With a selector the tokens are a path through the top-K candidates; without
+  one (DFlash v1) they are per-position argmax / samples of the draft logits.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from dflash2.decoding.acceptance import dense_q
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.decoding.ragged import right_align
 from dflash2.decoding.timing import Stopwatch
+from dflash2.rng import DRAFT, sample_from, uniforms
 
 
 @dataclass
 class Proposal:
-    tokens: torch.Tensor        # [b, T]
-    q: torch.Tensor | None      # [b, T, V] (None when greedy)
+    tokens: torch.Tensor            # [b, T]
+    q: torch.Tensor | None          # [b, T, V] (None when every row is greedy)
+    confidence: torch.Tensor | None = None   # [b, T] the draft's probability of each token
 
 
 class DraftProposer:
@@ -39,21 +45,41 @@ class DraftProposer:
         self.positions: torch.Tensor | None = None   # [b, S]
         self.valid: torch.Tensor | None = None       # [b, S] bool
 
-    def start(self, features: torch.Tensor, mask: torch.Tensor) -> None:
-        """features [b, L, F] from the prefill, mask [b, L] (1 = real token)."""
-        self.valid = mask.bool()
-        self.positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    def add_rows(self, features: torch.Tensor, mask: torch.Tensor) -> None:
+        """features [n, L, F] from a prefill, mask [n, L] (1 = real token)."""
+        valid = mask.bool()
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         with torch.inference_mode():
-            self.kv = self.draft.context_kv(features, self.positions)
+            kv = self.draft.context_kv(features, positions)
+        if self.positions is None:
+            self.kv, self.positions, self.valid = kv, positions, valid
+            return
+        width = max(self.positions.shape[1], positions.shape[1])
+
+        def slots(x: torch.Tensor) -> torch.Tensor:  # left-pad the slot dim to `width`: [b, S] or [b, kv, S, d]
+            return F.pad(x, (width - x.shape[1], 0)) if x.dim() == 2 else F.pad(x, (0, 0, width - x.shape[2], 0))
+
+        self.kv = [(torch.cat([slots(k), slots(nk)]), torch.cat([slots(v), slots(nv)]))
+                   for (k, v), (nk, nv) in zip(self.kv, kv)]
+        self.positions = torch.cat([slots(self.positions), slots(positions)])
+        self.valid = torch.cat([slots(self.valid), slots(valid)])
 
     def append(self, features: torch.Tensor, counts: torch.Tensor, first_position: torch.Tensor) -> None:
         """features [b, q, F] at positions first_position[r] + 0..q-1; keep the first counts[r]."""
         q = features.shape[1]
-        positions = first_position[:, None] + torch.arange(q, device=features.device)   # [b, q]
+        top = int(counts.max())
+        uniform = bool((counts == top).all())
+        if uniform:  # every row keeps the same count: no re-alignment, only the kept slots are projected
+            features = features[:, :top]
+        positions = first_position[:, None] + torch.arange(features.shape[1], device=features.device)   # [b, q']
         with torch.inference_mode():
             new_kv = self.draft.context_kv(features, positions)
+        if uniform:
+            self.kv = [(torch.cat([k, nk], dim=2), torch.cat([v, nv], dim=2)) for (k, v), (nk, nv) in zip(self.kv, new_kv)]
+            self.positions = torch.cat([self.positions, positions], dim=1)
+            self.valid = F.pad(self.valid, (0, top), value=True)
+            return
         valid = torch.arange(q, device=features.device)[None, :] < counts[:, None]
-        top = int(counts.max())
         shift = top - counts
 
         def grow(old: torch.Tensor, new: torch.Tensor, slot_dim: int) -> torch.Tensor:
@@ -82,10 +108,14 @@ class DraftProposer:
         return torch.cat([ctx, block], dim=-1)[:, None]
 
     def propose(self, anchors: torch.Tensor, start_positions: torch.Tensor, block_size: int,
-                temperature: float, generator: torch.Generator | None = None) -> Proposal:
+                temperature: torch.Tensor | float = 0.0, seeds: torch.Tensor | None = None) -> Proposal:
         draft = self.draft
         b = anchors.shape[0]
+        temperature = torch.as_tensor(temperature, dtype=torch.float32, device=anchors.device).expand(b)
+        seeds = torch.zeros(b, dtype=torch.int64, device=anchors.device) if seeds is None else seeds
         mask_token = draft.config.mask_token_id
+        greedy = temperature <= 0
+        sampling = not bool(greedy.all())
         with torch.inference_mode(), self.stopwatch("draft"):
             block_ids = torch.full((b, 1, block_size), mask_token, dtype=torch.long, device=anchors.device)
             block_ids[:, 0, 0] = anchors
@@ -93,16 +123,19 @@ class DraftProposer:
             hidden = draft.forward_blocks(block_ids, positions, self.kv, self._block_mask(positions[:, 0]))
             hidden = hidden[:, 0, 1:]                                             # [b, T, H] positions 1..B-1
             logits = draft.logits(hidden)                                          # [b, T, V]
+        u = uniforms(seeds, positions[:, 0, 1:], DRAFT) if sampling else None      # [b, T]
         with torch.inference_mode(), self.stopwatch("selector"):
             selector = draft.selector
             if selector is not None:
                 cand_logits, cand_ids = logits.topk(min(selector.top_k, logits.shape[-1]), dim=-1)
                 scores = selector.pair_scores(hidden, anchors, cand_ids, cand_logits)
-                path = selector.walk(scores, cand_ids, temperature, generator)
+                path = selector.walk(scores, cand_ids, temperature, u)
                 q = None if path.q is None else dense_q(cand_ids, path.q, logits.shape[-1])
-                return Proposal(path.tokens, q)
-            if temperature <= 0:
-                return Proposal(logits.argmax(dim=-1), None)
-            q = torch.softmax(logits / temperature, dim=-1)
-            tokens = torch.multinomial(q.view(-1, q.shape[-1]), 1, generator=generator).view(b, -1)
-            return Proposal(tokens, q)
+                return Proposal(path.tokens, q, path.confidence)
+            scale = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None, None]
+            q = torch.softmax(logits / scale, dim=-1)                              # [b, T, V]
+            tokens = logits.argmax(dim=-1)
+            if sampling:
+                tokens = torch.where(greedy[:, None], tokens, sample_from(q, u))
+            confidence = q.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+            return Proposal(tokens, q if sampling else None, confidence)

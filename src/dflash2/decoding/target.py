@@ -7,10 +7,13 @@ Contract:
 - The batch lives in one KV cache, left-padded: every row's tokens are contiguous and end at the
   right edge, so a sliding window in slot space equals the window in token positions. The adapter
   keeps the matching 2-D attention mask and each row's next position.
-- `prefill(ids, lengths)` runs the prompts; `step(ids)` runs `q` new tokens per row (q = 1 for
-  autoregressive decoding, q = B for block verification). Both return fp32 logits [b, q, V] and the
-  tapped features [b, q, n_taps * H] (outputs of decoder layers `target_layer_ids`, before the final
-  norm, i.e. HF `hidden_states[l + 1]`).
+- `prefill(prompts)` starts a batch; `add_rows(prompts)` prefills more prompts and merges them
+  into the running batch (both parts left-padded to one width, so every row still ends at the
+  right edge; the new rows come last). `step(ids)` runs `q` new tokens per row (q = 1 for
+  autoregressive decoding, up to B for block verification). They return fp32 logits (the last
+  prompt position's [n, 1, V] for prefills, [b, q, V] for steps) and the tapped features
+  [.., n_taps * H] (outputs of decoder layers `target_layer_ids`, before the final norm, i.e. HF
+  `hidden_states[l + 1]`).
 - `keep(counts)` keeps the first `counts[r]` of the last step's q tokens of row r and drops the
   rest (rollback after rejection), re-aligning rows that kept different counts.
 - `select_rows(rows)` drops finished sequences from the batch.
@@ -27,6 +30,11 @@ from dflash2.errors import require
 from dflash2.decoding.ragged import right_align
 
 _RECURRENT_LAYER_TYPES = ("linear_attention", "mamba", "conv", "recurrent", "mamba2", "gated_deltanet")
+
+
+def _left_pad(tensor: torch.Tensor, slots: int) -> torch.Tensor:
+    """[b, heads, s, d] -> [b, heads, slots, d] with zeros entering on the left."""
+    return F.pad(tensor, (0, 0, slots - tensor.shape[-2], 0))
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
@@ -116,8 +124,8 @@ class TargetAdapter:
         return logits, features
 
     def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run left-padded prompts; returns the last position's logits [b, 1, V] and the features
-        of every position [b, L, F] (pads included)."""
+        """Start a batch with left-padded prompts; returns the last position's logits [b, 1, V] and
+        the features of every position [b, L, F] (pads included)."""
         require(all(len(p) > 0 for p in prompts), "empty prompt: give at least one token")
         width = max(len(p) for p in prompts)
         ids = torch.zeros(len(prompts), width, dtype=torch.long)
@@ -132,6 +140,29 @@ class TargetAdapter:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         self.next_position = mask.sum(-1)
         return self._forward(ids, positions, last_logits_only=True)
+
+    def add_rows(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Prefill `prompts` and append them to the running batch (or start one); returns what
+        `prefill` returns for the new rows, and their own mask [n, L] (1 = real token)."""
+        if self.cache is None:
+            return (*self.prefill(prompts), self.mask)
+        old_cache, old_mask, old_next = self.cache, self.mask, self.next_position
+        logits, features = self.prefill(prompts)
+        new_mask = self.mask
+        width = max(old_mask.shape[1], self.mask.shape[1])
+        for old_layer, new_layer in zip(old_cache.layers, self.cache.layers):
+            require(type(old_layer) in (DynamicLayer, DynamicSlidingWindowLayer),
+                    f"cache layer {type(old_layer).__name__} cannot take new rows")
+            # stored slots are the last ones of each part: left-pad to one count, rows stay right-aligned
+            stored = max(old_layer.keys.shape[-2], new_layer.keys.shape[-2])
+            new_layer.keys = torch.cat([_left_pad(old_layer.keys, stored), _left_pad(new_layer.keys, stored)])
+            new_layer.values = torch.cat([_left_pad(old_layer.values, stored), _left_pad(new_layer.values, stored)])
+            if isinstance(new_layer, DynamicSlidingWindowLayer):
+                new_layer.cumulative_length = width
+        self.mask = torch.cat([F.pad(old_mask, (width - old_mask.shape[1], 0)),
+                               F.pad(self.mask, (width - self.mask.shape[1], 0))])
+        self.next_position = torch.cat([old_next, self.next_position])
+        return logits, features, new_mask
 
     def step(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed ids [b, q] at each row's next positions (the cache keeps them until `keep`)."""

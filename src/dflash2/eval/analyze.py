@@ -201,7 +201,7 @@ def latency(pipe: Pipeline, prompt: list[int], repeats: int) -> dict:
     sync = torch.cuda.synchronize if adapter.device.type == "cuda" else (lambda: None)
     _, features = adapter.prefill([prompt])
     proposer = DraftProposer(draft, Stopwatch(device))
-    proposer.start(features, adapter.mask)
+    proposer.add_rows(features, adapter.mask)
     anchors = torch.tensor([prompt[-1]], device=device)
     start = adapter.next_position.clone()
     samples: dict[str, list[float]] = {k: [] for k in ("draft_with_convs", "draft_without_convs", "selector",
@@ -246,7 +246,7 @@ def engine_phases(pipe: Pipeline, prompts: list[list[int]], config: GenerationCo
     for ids in tqdm(prompts, desc="engine phases", unit="prompt", leave=False):
         result = pipe.decoder.generate([ids], config)[0]
         cycles += result.stats.cycles
-        for phase, seconds in result.stats.phase_seconds.items():
+        for phase, seconds in result.timing.phase_seconds.items():
             totals[phase] = totals.get(phase, 0.0) + seconds
     per_cycle = sum(v for k, v in totals.items() if k != "prefill")
     return {"phase_seconds": totals, "cycles": cycles,

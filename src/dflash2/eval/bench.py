@@ -41,7 +41,8 @@ from dflash2.eval.benchkit import (add_model_arguments, build_pipeline, fmt, git
                               machine_identity, machine_info, machine_line, markdown_table, parse_list, write_json,
                               write_text)
 from dflash2.targets.chat import encode_messages
-from dflash2.decoding.engine import GenerationConfig, SequenceStats, SpeculativeDecoder
+from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.stats import BatchTiming, RowStats
 from dflash2.errors import DFlash2Error, require
 from dflash2.pipeline import Pipeline, shipped_draft_path
 from dflash2.data.prompts import BENCHMARKS
@@ -55,43 +56,47 @@ DEFINITIONS = {
                "same prompts, same batch size",
     "mismatches": "sequences whose speculative output differs from the autoregressive output (T=0 only)",
     "position_acceptance": "fraction of cycles in which drafts 1..k were all accepted",
+    "drafts_verified_per_cycle": "draft tokens the target verified per speculative cycle (the adaptive length)",
+    "plain_steps": "one-token target steps without a draft pass (fallback when drafting does not pay)",
+    "fallback_seconds": "wall time of the batches' plain steps",
 }
 
 
 @dataclass
 class Side:
-    """One decoder's runs over a list of prompts at one batch size."""
+    """One decoder's runs over a list of prompts at one batch size: per-row counts and outputs,
+    and the batches' timing (each `generate` call is one batch)."""
     outputs: list[list[int]] = field(default_factory=list)
-    stats: list[SequenceStats] = field(default_factory=list)
+    stats: list[RowStats] = field(default_factory=list)
+    batches: list[BatchTiming] = field(default_factory=list)
     seconds: float = 0.0
-    prefill: float = 0.0
-    phases: dict[str, float] = field(default_factory=dict)
 
     def add(self, results, seconds: float) -> None:
         self.outputs += [r.tokens for r in results]
         self.stats += [r.stats for r in results]
+        self.batches.append(results[0].timing)  # every row of a generate() call carries its batch's timing
         self.seconds += seconds
-        self.prefill += results[0].stats.prefill_seconds
-        batch_phases: dict[str, float] = {}
-        for r in results:  # every row holds the batch's running totals: keep the last (largest)
-            for phase, value in r.stats.phase_seconds.items():
-                batch_phases[phase] = max(batch_phases.get(phase, 0.0), value)
-        for phase, value in batch_phases.items():
-            self.phases[phase] = self.phases.get(phase, 0.0) + value
+
+    @property
+    def prefill(self) -> float:
+        return sum(t.prefill_seconds for t in self.batches)
+
+    @property
+    def phases(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for timing in self.batches:
+            for phase, value in timing.phase_seconds.items():
+                out[phase] = out.get(phase, 0.0) + value
+        return out
 
     def to_dict(self) -> dict:
-        return {"outputs": self.outputs, "stats": [asdict(st) for st in self.stats], "seconds": self.seconds,
-                "prefill": self.prefill, "phases": self.phases}
+        return {"outputs": self.outputs, "stats": [st.to_dict() for st in self.stats],
+                "batches": [t.to_dict() for t in self.batches], "seconds": self.seconds}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Side":
-        stats = []
-        for fields in data["stats"]:
-            st = SequenceStats(fields["block_size"])
-            for key, value in fields.items():
-                setattr(st, key, value)
-            stats.append(st)
-        return cls(data["outputs"], stats, data["seconds"], data["prefill"], data["phases"])
+        return cls(data["outputs"], [RowStats.from_dict(st) for st in data["stats"]],
+                   [BatchTiming.from_dict(t) for t in data["batches"]], data["seconds"])
 
 
 def parse_args(argv):
@@ -150,6 +155,7 @@ def run_pair(ar: SpeculativeDecoder, spec: SpeculativeDecoder, prompts, batch: i
 
 def summarize(sides: list[Side], block: int) -> dict:
     stats = [s for side in sides for s in side.stats]
+    batches = [t for side in sides for t in side.batches]
     cycles = sum(s.cycles for s in stats)
     committed = sum(sum(s.committed_per_cycle) for s in stats)
     tokens = sum(s.new_tokens for s in stats)
@@ -158,6 +164,11 @@ def summarize(sides: list[Side], block: int) -> dict:
     for side in sides:
         for phase, value in side.phases.items():
             phases[phase] = phases.get(phase, 0.0) + value
+    verified = sum(sum(s.drafts_per_cycle) for s in stats)
+    lengths: dict[int, int] = {}
+    for s in stats:
+        for k in s.drafts_per_cycle:
+            lengths[k] = lengths.get(k, 0) + 1
     return {
         "acceptance_length": committed / cycles if cycles else None, "cycles": cycles, "new_tokens": tokens,
         "sequences": len(stats), "seconds": seconds, "prefill_seconds": prefill,
@@ -166,6 +177,10 @@ def summarize(sides: list[Side], block: int) -> dict:
         "position_acceptance": [sum(s.accepted_at_position[k] for s in stats) / cycles if cycles else 0.0
                                 for k in range(block - 1)],
         "histogram": {tau: sum(s.committed_per_cycle.count(tau) for s in stats) for tau in range(1, block + 1)},
+        "drafts_verified_per_cycle": verified / cycles if cycles else None,
+        "draft_lengths": dict(sorted(lengths.items())),
+        "plain_steps": sum(s.plain_steps for s in stats),
+        "fallback_seconds": sum(t.plain_seconds for t in batches),
         "phase_seconds": phases,
     }
 
@@ -297,6 +312,7 @@ def run_bench(pipe: Pipeline, args) -> dict:
     concurrency = args.concurrency_list
     settings = {"target": "tiny random llama" if getattr(args, "tiny", False) else args.target,
                 "draft": pipe.draft_description, "trained_draft": pipe.trained_draft, "block_size": block,
+                "speculate": pipe.decoder.speculate,
                 "datasets": list(conversations), "num_prompts": args.num_prompts,
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
                 "top_k": args.top_k, "concurrency": concurrency, "device": args.device, "dtype": args.dtype,

@@ -50,14 +50,14 @@ class TinyTokenizer:
         return "".join(chr(ord("a") + (int(i) - 3) % 26) for i in ids if not (skip_special_tokens and int(i) < 3))
 
 
-def tiny_pipeline(seed: int = 0) -> Pipeline:
+def tiny_pipeline(seed: int = 0, speculate: str = "auto") -> Pipeline:
     from dflash2.decoding.engine import SpeculativeDecoder
     from dflash2.decoding.target import TargetAdapter
     from dflash2.targets.tiny import tiny_draft, tiny_target
 
     target = tiny_target("llama", seed=seed)
     draft = tiny_draft(target, seed=seed)
-    decoder = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft)
+    decoder = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft, speculate=speculate)
     return Pipeline(decoder, TinyTokenizer(target.config.vocab_size), (), "tiny random DFlash2 draft [DFlash2]", False)
 
 
@@ -67,8 +67,8 @@ def build_pipeline(args) -> Pipeline:
         torch.set_num_threads(args.threads)
     if getattr(args, "tiny", False):
         torch.manual_seed(args.seed)
-        return tiny_pipeline(args.seed)
-    return load_decoder(args.target, args.draft, args.device, args.dtype)
+        return tiny_pipeline(args.seed, args.speculate)
+    return load_decoder(args.target, args.draft, args.device, args.dtype, speculate=args.speculate)
 
 
 def add_model_arguments(parser) -> None:
@@ -81,6 +81,9 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice); "
                         "on a shared machine 1 thread can be far steadier")
+    parser.add_argument("--speculate", default="auto", choices=("auto", "always", "never"),
+                        help="auto (default): adaptive draft length and fallback to plain decoding when drafting "
+                             "does not pay; always: the whole block every cycle")
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
 
 

@@ -73,7 +73,7 @@ def run(target: str, draft: str | None, repeats: int, device: str, dtype: str, n
 
     # Draft forward and selector, from the same context.
     proposer = DraftProposer(decoder.draft, Stopwatch(device))
-    proposer.start(features, adapter.mask)
+    proposer.add_rows(features, adapter.mask)
     anchors = torch.tensor([ids[-1]], device=adapter.device)
     start = adapter.next_position.clone()
 
@@ -94,7 +94,7 @@ def run(target: str, draft: str | None, repeats: int, device: str, dtype: str, n
     if draft_dtype != torch.float32:
         decoder.draft.float().bind_target(adapter.embed_weight(), adapter.lm_head_weight())
         fp32 = DraftProposer(decoder.draft, Stopwatch(device))
-        fp32.start(features, adapter.mask)
+        fp32.add_rows(features, adapter.mask)
         results["draft_forward_fp32_ms"] = 1000 * phase_medians(propose(fp32), repeats, fp32.stopwatch)["draft"]
         decoder.draft.to(draft_dtype).bind_target(adapter.embed_weight(), adapter.lm_head_weight())
     feats8 = torch.randn(1, block, features.shape[-1], device=adapter.device, dtype=features.dtype)

@@ -9,7 +9,7 @@ where A / B are the predecessor / successor codebooks [V, r]. `pair_scores` comp
 scores of all positions in one batched product (the predecessor of position 1 is the anchor).
 `walk` then goes once left to right: greedy takes the arg-max successor of the chosen predecessor
 (ties to the lower index); sampling at temperature T draws from q_t = softmax(S_t(prev, .) / T)
-and returns q_t, so acceptance can be exact. Initialisation: successor codebook 0 and predecessor
+and returns q_t, so acceptance can be exact; greedy and sampled rows can share a batch. Initialisation: successor codebook 0 and predecessor
 ~ N(0, 0.02), so a fresh selector scores exactly the plain logits.
 """
 from __future__ import annotations
@@ -19,12 +19,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dflash2.rng import sample_from
+
 
 @dataclass
 class SelectedPath:
     tokens: torch.Tensor         # [b, T] chosen draft token ids for block positions 1..T
     candidate_ids: torch.Tensor  # [b, T, K] the candidate lists the tokens were chosen from
-    q: torch.Tensor | None       # [b, T, K] distribution each token was drawn from (None: greedy)
+    q: torch.Tensor | None       # [b, T, K] distribution each token was drawn from (None: all greedy)
+    confidence: torch.Tensor     # [b, T] the walk's probability of each chosen token
 
 
 class CandidateSelector(nn.Module):
@@ -64,23 +67,33 @@ class CandidateSelector(nn.Module):
         return self.scores_given_predecessors(hidden, predecessors, candidate_ids, candidate_logits)
 
     @staticmethod
-    def walk(scores: torch.Tensor, candidate_ids: torch.Tensor, temperature: float = 0.0,
-             generator: torch.Generator | None = None) -> SelectedPath:
-        """Left-to-right walk through pair scores [b, T, K, K]; returns the chosen path."""
+    def walk(scores: torch.Tensor, candidate_ids: torch.Tensor, temperature, u: torch.Tensor | None = None
+             ) -> SelectedPath:
+        """Left-to-right walk through pair scores [b, T, K, K]; returns the chosen path.
+
+        `temperature` is a number or a [b] tensor (0 = greedy for that row); sampled rows draw
+        their pick at position t by inverse CDF with u[:, t] (u [b, T], required when any row
+        samples). `confidence` [b, T] is the walk's probability of each pick: q_t(pick) for sampled
+        rows, softmax(S_t(prev, .))(pick) for greedy rows."""
         b, t_len, k, _ = scores.shape
         rows = torch.arange(b, device=scores.device)
+        temps = torch.as_tensor(temperature, dtype=torch.float32, device=scores.device).expand(b)
+        greedy = temps <= 0
+        sampling = not bool(greedy.all())
+        scale = torch.where(greedy, torch.ones_like(temps), temps)[:, None]   # [b, 1]
         prev = torch.zeros(b, dtype=torch.long, device=scores.device)
-        chosen, dists = [], []
+        chosen, dists, confidence = [], [], []
         for t in range(t_len):
-            row = scores[rows, t, prev]                                         # [b, K]
-            if temperature <= 0:
-                pick = row.argmax(dim=-1)  # first maximum: ties go to the lower index
-            else:
-                q = torch.softmax(row / temperature, dim=-1)
-                pick = torch.multinomial(q, 1, generator=generator).squeeze(-1)
+            row = scores[rows, t, prev].float()                                 # [b, K]
+            q = torch.softmax(row / scale, dim=-1)
+            pick = row.argmax(dim=-1)  # first maximum: ties go to the lower index
+            if sampling:
+                pick = torch.where(greedy, pick, sample_from(q, u[:, t]))
                 dists.append(q)
+            confidence.append(q.gather(-1, pick[:, None])[:, 0])
             chosen.append(pick)
             prev = pick
         picks = torch.stack(chosen, dim=1)                                       # [b, T]
         tokens = candidate_ids.gather(-1, picks.unsqueeze(-1)).squeeze(-1)
-        return SelectedPath(tokens, candidate_ids, torch.stack(dists, dim=1) if dists else None)
+        return SelectedPath(tokens, candidate_ids, torch.stack(dists, dim=1) if dists else None,
+                            torch.stack(confidence, dim=1))
