@@ -8,7 +8,8 @@ import torch
 
 from dflash2.decoding.proposer import DraftProposer
 from dflash2.targets.tiny import tiny_draft, tiny_target
-from dflash2.training.batches import Example, anchor_generator, block_attention_mask, build_batch, sample_anchors
+from dflash2.model.mask import block_visibility
+from dflash2.training.batches import Example, anchor_generator, build_batch, sample_anchors
 
 
 def brute_force_mask(anchors, valid, block, length, window):
@@ -35,8 +36,12 @@ def test_block_mask_matches_brute_force(window):
     block, length = 4, 23
     anchors = torch.randint(0, length - block + 1, (2, 5), generator=g)
     valid = torch.ones_like(anchors, dtype=torch.bool)
-    got = block_attention_mask(anchors, block, length, window)
+    positions = anchors[:, :, None] + torch.arange(block)                     # [b, N, B]
+    got = block_visibility(positions, torch.arange(length), window)
     assert torch.equal(got, brute_force_mask(anchors, valid, block, length, window))
+    batch = build_batch([Example(torch.arange(length), torch.ones(length, dtype=torch.bool))], block_size=block,
+                        num_anchors=5, mask_token_id=0, window=window, seed=0)
+    assert torch.equal(batch.attn_mask, brute_force_mask(batch.anchors, None, block, length, window))
 
 
 def test_anchor_sampling_rules_and_determinism():

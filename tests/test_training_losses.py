@@ -68,7 +68,7 @@ def test_selector_gradient_reaches_backbone_only_when_asked(to_backbone):
                                    selector_weight=selector_weight, selector_grad_to_backbone=to_backbone)
         loss.backward()
         grads.append({n: p.grad.clone() for n, p in draft.named_parameters() if p.grad is not None})
-    assert float(stats["selector"]) > 0
+    assert float(stats.selector) > 0
     backbone = "layers.0.mlp.up_proj.weight"
     moved = not torch.allclose(grads[0][backbone], grads[1][backbone], atol=0, rtol=0)
     assert moved == to_backbone
@@ -88,9 +88,9 @@ def test_teacher_forced_tau_counts_leading_correct_positions():
         correct = (draft.logits(hidden[:, :, 1:]).argmax(-1) == batch.labels) & batch.label_mask
     leading = correct.float().cumprod(-1).sum(-1)
     expected = ((1 + leading) * batch.block_valid).sum()
-    torch.testing.assert_close(forced["tau_base"], expected)
-    assert float(forced["tau_base"]) > float(stats["tau_base"])
-    assert torch.equal(forced["top1"], correct.float().sum(dim=(0, 1)))
+    torch.testing.assert_close(forced.tau_base, expected)
+    assert float(forced.tau_base) > float(stats.tau_base)
+    assert torch.equal(forced.top1, correct.float().sum(dim=(0, 1)))
 
 
 def test_one_step_lowers_the_loss(tmp_path):
@@ -110,3 +110,29 @@ def test_one_step_lowers_the_loss(tmp_path):
     after = loss_now()
     trainer.close()
     assert after < before, (before, after)
+
+
+def test_loss_stats_add_reduce_and_summarise():
+    from dataclasses import fields
+
+    from dflash2.training.distributed import Dist
+    from dflash2.training.losses import LossStats
+
+    draft, batch, features = _setup()
+    with torch.no_grad():
+        _, a = block_losses(draft, _hidden(draft, batch, features), batch, position_weights(4, 4.0), 1.0)
+    b = LossStats(*(t * 2 + 1 for t in (getattr(a, f.name) for f in fields(a))))
+    total = LossStats.zeros(3) + a + b
+    for f in fields(total):
+        got = getattr(total, f.name)
+        assert got.dtype == torch.float64 and torch.equal(got, getattr(a, f.name).double() + getattr(b, f.name).double())
+    reduced = total.reduced(Dist())                                      # one process: the same sums
+    assert all(torch.equal(getattr(reduced, f.name), getattr(total, f.name)) for f in fields(total))
+    summary = total.summary(selector_weight=1.0, has_selector=True)
+    assert list(summary) == ["loss", "loss_ce", "tau_base", "top1", "topk", "blocks", "loss_selector",
+                             "loss_selector_in_topk", "tau", "selector_acc"]
+    assert summary["loss"] == summary["loss_ce"] + summary["loss_selector"] and len(summary["top1"]) == 3
+    assert summary["tau"] == float(total.tau) / float(total.blocks)
+    without = total.summary(selector_weight=1.0, has_selector=False)
+    assert set(without) == {"loss", "loss_ce", "tau_base", "top1", "topk", "blocks", "tau"}
+    assert without["tau"] == without["tau_base"] and without["loss"] == without["loss_ce"]

@@ -6,7 +6,7 @@ Contract: `main(argv)` dispatches subcommands and returns an exit status. Every 
     dflash2 generate --prompt TEXT [--target smollm2] [--draft DIR | --no-draft] [--compare] [--json]
     dflash2 init-draft --target T --out DIR [--layers 5] [--block-size 8] [--no-conv] [--no-selector]
     dflash2 convert-target NAME            # convert a built-in GGUF target once, into the cache
-    dflash2 regenerate ... / train ... / ablation ... / bench ... / analyze ...   (see each command's --help)
+    dflash2 regenerate ... / train ... / ablation ... / bench ... / analyze ... / export ...   (see each --help)
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import sys
 import time
 
 from dflash2.errors import DFlash2Error, require
+from dflash2.model.shape import DEFAULT_SHAPE, DraftShape
 
 # Subcommands implemented in their own modules: name -> (module, help).
 _DELEGATED = {
@@ -25,6 +26,7 @@ _DELEGATED = {
     "ablation": ("dflash2.training.ablation", "equal-budget ablation: DFlash v1, +selector, +convs, DFlash2"),
     "bench": ("dflash2.eval.bench", "benchmark acceptance length, speed and losslessness"),
     "analyze": ("dflash2.eval.analyze", "analyse a draft: recall, oracle selector, suffix decay"),
+    "export": ("dflash2.export.cli", "export a draft for vLLM, SGLang, MLX dflash or llama.cpp (GGUF)"),
 }
 
 
@@ -56,11 +58,12 @@ def _init_draft_parser(sub) -> None:
     p = sub.add_parser("init-draft", help="write a correctly shaped, untrained draft for a target")
     p.add_argument("--target", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--layers", type=int, default=5)
-    p.add_argument("--block-size", type=int, default=8)
-    p.add_argument("--selector-rank", type=int, default=256)
-    p.add_argument("--selector-top-k", type=int, default=16)
-    p.add_argument("--intermediate-size", type=int, default=None)
+    p.add_argument("--layers", type=int, default=DEFAULT_SHAPE.num_layers)
+    p.add_argument("--block-size", type=int, default=DEFAULT_SHAPE.block_size)
+    p.add_argument("--selector-rank", type=int, default=DEFAULT_SHAPE.selector_rank)
+    p.add_argument("--selector-top-k", type=int, default=DEFAULT_SHAPE.selector_top_k)
+    p.add_argument("--intermediate-size", type=int, default=DEFAULT_SHAPE.intermediate_size,
+                   help="MLP width (default: the target's)")
     p.add_argument("--no-conv", action="store_true", help="no convolutions (with --no-selector: DFlash v1)")
     p.add_argument("--no-selector", action="store_true")
     p.add_argument("--seed", type=int, default=0)
@@ -180,10 +183,10 @@ def cmd_init_draft(args) -> int:
     from dflash2.targets.builtin import load_target
 
     model, tokenizer = load_target(args.target)
-    shape = {"intermediate_size": args.intermediate_size} if args.intermediate_size else {}
-    draft = new_draft(model, tokenizer, num_hidden_layers=args.layers, block_size=args.block_size,
-                      use_conv=not args.no_conv, use_selector=not args.no_selector, selector_rank=args.selector_rank,
-                      selector_top_k=args.selector_top_k, seed=args.seed, **shape)
+    shape = DraftShape(num_layers=args.layers, block_size=args.block_size, intermediate_size=args.intermediate_size,
+                       use_conv=not args.no_conv, use_selector=not args.no_selector,
+                       selector_rank=args.selector_rank, selector_top_k=args.selector_top_k)
+    draft = new_draft(model, tokenizer, shape, seed=args.seed)
     draft.save_pretrained(args.out)
     c = draft.config
     print(f"wrote untrained {c.architecture} to {args.out}: {draft.num_parameters() / 1e6:.1f} M parameters, "

@@ -2,7 +2,8 @@
 regenerate) does first.
 
 Contract:
-- `new_draft(model, tokenizer, **shape)`: a correctly shaped, freshly initialised (untrained) draft.
+- `new_draft(model, tokenizer, shape=DraftShape(), seed=0)`: a correctly shaped, freshly
+  initialised (untrained) draft from the draft factory (`model.factory.create_draft`).
 - `shipped_draft_path(target_name)`: the trained draft shipped in the package for a built-in
   target, or None.
 - `load_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate)` -> `Pipeline` with the decoder, the
@@ -18,8 +19,9 @@ from pathlib import Path
 import torch
 
 from dflash2.targets.chat import choose_mask_token, stop_token_ids
-from dflash2.model.config import DFlash2Config
-from dflash2.model.draft import DFlash2DraftModel, init_linear_weights, read_config
+from dflash2.model.draft import DFlash2DraftModel, read_config
+from dflash2.model.factory import create_draft
+from dflash2.model.shape import DEFAULT_SHAPE, DraftShape, target_text_config
 from dflash2.decoding.engine import SpeculativeDecoder
 from dflash2.decoding.policy import SPECULATE_MODES
 from dflash2.errors import require
@@ -52,17 +54,10 @@ def draft_dtype_for(name: str, device: str, target_dtype: torch.dtype) -> torch.
     return target_dtype
 
 
-def new_draft(model, tokenizer, *, num_hidden_layers: int = 5, block_size: int = 8, use_conv: bool = True,
-              use_selector: bool = True, selector_rank: int = 256, selector_top_k: int = 16,
-              seed: int = 0, **shape) -> DFlash2DraftModel:
-    config = DFlash2Config.for_target(model.config, num_hidden_layers=num_hidden_layers, block_size=block_size,
-                                      mask_token_id=choose_mask_token(tokenizer, model.config.get_text_config().vocab_size),
-                                      use_conv=use_conv, use_selector=use_selector, selector_rank=selector_rank,
-                                      selector_top_k=selector_top_k, **shape)
-    torch.manual_seed(seed)
-    draft = DFlash2DraftModel(config)
-    init_linear_weights(draft, seed=seed)
-    return draft.eval()
+def new_draft(model, tokenizer, shape: DraftShape = DEFAULT_SHAPE, seed: int = 0) -> DFlash2DraftModel:
+    """An untrained draft of `shape` (default: the published shape) for `model`, in eval mode."""
+    mask = choose_mask_token(tokenizer, target_text_config(model.config).vocab_size)
+    return create_draft(model.config, shape, mask_token_id=mask, seed=seed).eval()
 
 
 def shipped_draft_path(target_name: str) -> Path | None:

@@ -17,6 +17,8 @@ Contract:
 - `iter_chitchat_conversations()` reads the Chit-Chat Challenge file of the `chitchat-dataset`
   package (MIT; 7,168 human-human open-domain chats): the user turns are the messages of the
   conversation's first speaker, one turn per run of consecutive messages, joined by newlines.
+- The "synthetic" training source is `dflash2.data.synthetic.iter_synthetic_conversations()`:
+  6,000 seeded code and math prompts written by the project's own templates (no data file).
 - `overlaps_benchmarks(text)` is the usual contamination check: true when the text shares a
   normalised word n-gram with any benchmark prompt text (n = 13, or the whole text for benchmark
   texts of 8-12 words). The n-gram index is built once, on first use.
@@ -405,13 +407,20 @@ def overlaps_benchmarks(text: str) -> bool:
 
 # --------------------------------------------------------------------------- training prompts
 
+def _synthetic_conversations() -> Iterator[Conversation]:
+    from dflash2.data.synthetic import iter_synthetic_conversations  # imported late: it imports this module
+    return iter_synthetic_conversations()
+
+
 # Training prompt sources by name; each reads a PyPI package's shipped file. ShareGPT is the
 # default (instruction-style chats with an assistant); Chit-Chat adds casual human-to-human chat
 # (MIT). No permissively licensed instruction set (Dolly, OASST, ...) was found shipping its
-# data in a PyPI package (the `databricks-dolly` name holds no data).
+# data in a PyPI package (the `databricks-dolly` name holds no data). The exception, "synthetic",
+# is 6,000 seeded code and math prompts generated offline by `dflash2.data.synthetic`.
 TRAINING_SOURCES: dict[str, Callable[[], Iterable[Conversation]]] = {
     "sharegpt": iter_sharegpt_conversations,
     "chitchat": iter_chitchat_conversations,
+    "synthetic": _synthetic_conversations,
 }
 
 

@@ -37,6 +37,7 @@ from dflash2.eval import plots
 from dflash2.eval.benchkit import (add_model_arguments, build_pipeline, first_turns, git_commit, load_conversations,
                               machine_info, machine_line, markdown_table, parse_list, write_json, write_text)
 from dflash2.model.draft import apply_rope, rope_cos_sin
+from dflash2.model.mask import block_visibility
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.errors import require
 from dflash2.pipeline import Pipeline
@@ -148,19 +149,6 @@ class Tally:
         return {k: v / self.full_blocks if self.full_blocks else None for k, v in self.tau.items()}
 
 
-def block_mask(anchors: torch.Tensor, block: int, context_len: int, window: int | None) -> torch.Tensor:
-    """[1, 1, n*B, L + n*B]: block j sees context strictly before its anchor (within the window) and
-    its own block, bidirectionally."""
-    n = anchors.shape[0]
-    query_pos = (anchors[:, None] + torch.arange(block, device=anchors.device)).reshape(-1)       # [nB]
-    key_pos = torch.arange(context_len, device=anchors.device)
-    ctx = key_pos[None, :] < anchors.repeat_interleave(block)[:, None]
-    if window:
-        ctx &= (query_pos[:, None] - key_pos[None, :]) < window
-    owner = torch.arange(n, device=anchors.device).repeat_interleave(block)
-    return torch.cat([ctx, owner[:, None] == owner[None, :]], dim=1)[None, None]
-
-
 @torch.inference_mode()
 def teacher_forced(pipe: Pipeline, sequences: list[tuple[int, list[int]]], args, tallies: dict, probes: dict) -> None:
     """Run the draft at every anchor of every continuation, convs on and (if any) off."""
@@ -179,7 +167,7 @@ def teacher_forced(pipe: Pipeline, sequences: list[tuple[int, list[int]]], args,
             labels = padded[positions[:, 1:]]                                                    # [n, B-1]
             block_ids = torch.full_like(positions, cfg.mask_token_id)
             block_ids[:, 0] = tokens[anchors]
-            mask = block_mask(anchors, block, len(ids), cfg.sliding_window)
+            mask = block_visibility(positions[None], torch.arange(len(ids), device=device), cfg.sliding_window)
             for variant, tally in tallies.items():
                 draft.conv_enabled = variant == "convs_on"
                 with probes[variant]:

@@ -1,4 +1,4 @@
-"""Draft configuration: the `config.json` contract of DFlash / DFlash2 checkpoints (SPEC §2.1).
+"""Draft configuration: the `config.json` contract of DFlash / DFlash2 checkpoints (docs/spec.md §2.1).
 
 Contract:
 - `DFlash2Config.from_dict(d)` accepts the published checkpoints' `config.json` (DFlash2 with
@@ -6,8 +6,10 @@ Contract:
   every bad or missing field raises `DFlash2Error` naming that field.
 - `to_dict()` writes the same format back (round trip is exact for the fields we know; unknown
   keys are kept in `extra` and written back untouched).
-- `DFlash2Config.for_target(target_config, ...)` builds a fresh draft config shaped for a Hugging
-  Face target: same hidden size and vocabulary, target layers spread by the SPEC default rule.
+- `DFlash2Config.for_target(target_config, shape, mask_token_id=...)` builds a fresh draft config
+  of a `DraftShape` (default: the published shape, `model/shape.py`) for a Hugging Face target:
+  same hidden size and vocabulary, target layers spread by the docs/spec.md §2.1 default rule, a
+  conv group size that does not divide the hidden size replaced by their gcd.
 - `validate_against_target(target_config)` checks that a draft can run on a target.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ import math
 from typing import Any
 
 from dflash2.errors import DFlash2Error, require
+from dflash2.model.shape import DEFAULT_SHAPE, DraftShape, target_text_config
 
 DFLASH2_ARCH = "DFlash2DraftModel"
 DFLASH_V1_ARCH = "DFlashDraftModel"
@@ -26,7 +29,7 @@ _REQUIRED_TOP = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_a
 
 
 def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
-    """SPEC §2.1: without explicit ids, spread `num_taps` layers evenly from 1 to L-3."""
+    """docs/spec.md §2.1: without explicit ids, spread `num_taps` layers evenly from 1 to L-3."""
     require(num_target_layers >= 4, f"num_target_layers={num_target_layers}: the target needs at least 4 layers")
     if num_taps == 1:
         return [(1 + num_target_layers - 3) // 2]
@@ -122,7 +125,7 @@ class DFlash2Config:
 
     def validate_against_target(self, target_config: Any) -> None:
         """Raise DFlash2Error unless this draft fits the Hugging Face `target_config`."""
-        text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        text = target_text_config(target_config)
         require(self.target_hidden_size == text.hidden_size,
                 f"draft/target hidden size mismatch: draft expects target_hidden_size={self.target_hidden_size}, "
                 f"target has hidden_size={text.hidden_size}")
@@ -243,44 +246,43 @@ class DFlash2Config:
 
     # ------------------------------------------------------------------ builders
     @classmethod
-    def for_target(cls, target_config: Any, *, num_hidden_layers: int = 5, num_taps: int | None = None,
-                   target_layer_ids: list[int] | None = None, mask_token_id: int, block_size: int = 8,
-                   intermediate_size: int | None = None, num_attention_heads: int | None = None,
-                   num_key_value_heads: int | None = None, head_dim: int | None = None,
-                   use_conv: bool = True, use_selector: bool = True, selector_rank: int = 256,
-                   selector_top_k: int = 16, conv_group_size: int = 16, sliding_window: int = 2048) -> "DFlash2Config":
-        """A draft shaped for a Hugging Face target config (attention shape defaults to the target's)."""
-        text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    def for_target(cls, target_config: Any, shape: DraftShape = DEFAULT_SHAPE, *,
+                   mask_token_id: int) -> "DFlash2Config":
+        """A draft of `shape` for a Hugging Face target config (unset shape fields: the target's)."""
+        text = target_text_config(target_config)
         n_layers = text.num_hidden_layers
+        target_layer_ids = shape.target_layer_ids
         if target_layer_ids is None:
-            target_layer_ids = default_target_layer_ids(n_layers, num_taps or min(num_hidden_layers, n_layers - 3))
-        heads = num_attention_heads or text.num_attention_heads
+            target_layer_ids = default_target_layer_ids(n_layers, shape.num_taps or min(shape.num_layers, n_layers - 3))
+        attention = shape.attention(text)
         rope = getattr(text, "rope_parameters", None) or {}
         if isinstance(rope, dict) and "full_attention" in rope:  # per-layer-type rope (Gemma3)
             rope = rope["full_attention"]
         rope_theta = rope.get("rope_theta", getattr(text, "rope_theta", 1e6)) if isinstance(rope, dict) else 1e6
         embed_scale = math.sqrt(text.hidden_size) if "gemma" in getattr(text, "model_type", "") else 1.0
-        group = conv_group_size if text.hidden_size % conv_group_size == 0 else math.gcd(text.hidden_size, conv_group_size)
+        group = shape.conv_group_size
+        if text.hidden_size % group:
+            group = math.gcd(text.hidden_size, group)
         return cls(
             hidden_size=text.hidden_size,
-            intermediate_size=intermediate_size or text.intermediate_size,
-            num_hidden_layers=num_hidden_layers,
-            num_attention_heads=heads,
-            num_key_value_heads=num_key_value_heads or getattr(text, "num_key_value_heads", heads),
-            head_dim=head_dim or getattr(text, "head_dim", None) or text.hidden_size // heads,
+            intermediate_size=shape.intermediate_size or text.intermediate_size,
+            num_hidden_layers=shape.num_layers,
+            num_attention_heads=attention.num_attention_heads,
+            num_key_value_heads=attention.num_key_value_heads,
+            head_dim=attention.head_dim,
             vocab_size=text.vocab_size,
             num_target_layers=n_layers,
             target_layer_ids=list(target_layer_ids),
             mask_token_id=mask_token_id,
-            block_size=block_size,
+            block_size=shape.block_size,
             rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta),
             max_position_embeddings=getattr(text, "max_position_embeddings", 32768),
-            sliding_window=sliding_window,
-            use_conv=use_conv,
-            use_selector=use_selector,
-            selector_rank=selector_rank,
-            selector_top_k=selector_top_k,
+            sliding_window=shape.sliding_window,
+            use_conv=shape.use_conv,
+            use_selector=shape.use_selector,
+            selector_rank=shape.selector_rank,
+            selector_top_k=shape.selector_top_k,
             conv_group_size=group,
             input_embedding_scale=embed_scale,
             final_logit_softcapping=getattr(text, "final_logit_softcapping", None),

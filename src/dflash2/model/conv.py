@@ -1,4 +1,4 @@
-"""Two-tap grouped dynamic convolution (DFlash2, SPEC §2.3).
+"""Two-tap grouped dynamic convolution (DFlash2, docs/spec.md §2.3).
 
 Contract: `GroupedDynamicConv` wraps one draft sublayer (attention or MLP). Inputs are laid out
 per block, `[batch, n_blocks, block_size, H]`, so the convolution can never cross a block

@@ -1,10 +1,14 @@
-"""The DFlash / DFlash2 block-diffusion draft model (SPEC §2).
+"""The DFlash / DFlash2 block-diffusion draft model (docs/spec.md §2).
 
 Contract:
-- `DFlash2DraftModel(config)` owns exactly the tensors of SPEC §2.2 (names and shapes are the
-  checkpoint format shared with the published checkpoints and the engines). It has no embedding
-  table and no LM head: `bind_target(embed_weight, lm_head_weight)` borrows the target's (frozen,
-  never saved).
+- `DFlash2DraftModel(config)` owns exactly the tensors of docs/spec.md §2.2 (names and shapes are
+  the checkpoint format shared with the published checkpoints and the engines). It has no embedding
+  table and no LM head: `bind_target(embed_weight, lm_head_weight)` borrows the target's (frozen)
+  as the non-persistent buffers `embed_weight` / `lm_head_weight`, cast to the draft's dtype where
+  they lie (the target's device); where that is the target's dtype they share its storage (no
+  copy), and a tied target's single matrix stays one tensor. Moving or casting the draft
+  (`.to()`, `.float()`, ...) moves them with it, sharing the target's storage again wherever the
+  new dtype and device are the target's. They are never in `state_dict()`, so never saved.
 - `context_kv(features, positions)` turns tapped target hidden states [b, L, n_taps*H_t] into
   per-layer (K, V) of the context; the context is never updated by draft layers, so callers cache it.
 - `forward_blocks(block_ids, block_positions, context_kv, mask)` runs blocks `[anchor, MASK, ...]`
@@ -20,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -149,8 +154,9 @@ class DFlash2DraftModel(nn.Module):
         self.norm = RMSNorm(h, config.rms_norm_eps)
         if config.use_selector:
             self.candidate_selector = CandidateSelector(config.vocab_size, h, config.selector_rank, config.selector_top_k)
-        self.embed_weight: torch.Tensor | None = None
-        self.lm_head_weight: torch.Tensor | None = None
+        self.register_buffer("embed_weight", None, persistent=False)      # [V, H], bound by bind_target
+        self.register_buffer("lm_head_weight", None, persistent=False)   # [V, H]
+        self._borrowed: _Borrowed | None = None
         self.conv_enabled = True  # analysis switch: run a DFlash2 draft with its convolutions off
 
     @property
@@ -165,9 +171,18 @@ class DFlash2DraftModel(nn.Module):
         # Kept in the draft's own dtype: a bf16 draft next to an fp32 target reads half the bytes
         # (the LM head dominates a draft pass) and cannot change the output, which the target decides.
         dtype = self.fc.weight.dtype
+        self._borrowed = _Borrowed(embed_weight.detach(), lm_head_weight.detach(), lm_head_weight is embed_weight)
         embed = embed_weight.detach().to(dtype)
-        head = embed if lm_head_weight is embed_weight else lm_head_weight.detach().to(dtype)
-        self.embed_weight, self.lm_head_weight = embed, head
+        self.embed_weight = embed
+        self.lm_head_weight = embed if self._borrowed.tied else lm_head_weight.detach().to(dtype)
+
+    def _apply(self, fn, recurse: bool = True):
+        """nn.Module's move / cast of every tensor, then the borrowed buffers point at the target's
+        own tensors again where dtype and device allow it (and a tied head at the embedding)."""
+        super()._apply(fn, recurse)
+        if self._borrowed is not None:
+            self._borrowed.share_into(self._buffers)
+        return self
 
     # ------------------------------------------------------------------ forward pieces
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -189,8 +204,8 @@ class DFlash2DraftModel(nn.Module):
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        # 2-D input: F.linear on [..., T, H] with a broadcast weight falls into a slow batched
-        # matmul on CPU (38 ms instead of ~3 ms for 7 x 49152 x 576).
+        # 2-D input: F.linear on [..., T, H] with a broadcast weight falls into a much slower
+        # batched matmul on CPU (BENCHMARKS.md section 1).
         flat = hidden.reshape(-1, hidden.shape[-1])
         logits = F.linear(flat, self.lm_head_weight.to(hidden.dtype)).float().view(*hidden.shape[:-1], -1)
         if self.config.output_multiplier != 1.0:
@@ -231,6 +246,24 @@ class DFlash2DraftModel(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+@dataclass(frozen=True, eq=False)
+class _Borrowed:
+    """The target's own embedding and LM head tensors behind a draft's borrowed buffers."""
+
+    embed: torch.Tensor      # [V, H]
+    head: torch.Tensor       # [V, H]
+    tied: bool               # the target's LM head is its embedding
+
+    def share_into(self, buffers: dict) -> None:
+        """Replace the buffers by the target's tensors where dtype and device match (no copies)."""
+        for name, source in (("embed_weight", self.embed), ("lm_head_weight", self.head)):
+            current = buffers[name]
+            if current is not None and (current.dtype, current.device) == (source.dtype, source.device):
+                buffers[name] = source
+        if self.tied:
+            buffers["lm_head_weight"] = buffers["embed_weight"]
 
 
 def read_config(path: str | Path) -> DFlash2Config:

@@ -1,4 +1,4 @@
-"""Path selector over the draft's top-K candidates (DFlash2, SPEC §2.4).
+"""Path selector over the draft's top-K candidates (DFlash2, docs/spec.md §2.4).
 
 Contract: for block positions t = 1..B-1 with draft hidden states h_t (after the final norm) and
 top-K candidates c_t with unary scores U_t (the draft logits),

@@ -3,16 +3,18 @@
 Contract: `tiny_target(family, vocab_size, seed)` builds a randomly initialised Hugging Face causal
 LM of the given family ("llama", "qwen3", "gemma3"; Gemma3 with a short sliding window so that
 window roll-back is exercised) in fp32, eval mode. `tiny_draft(target, ...)` builds a matching
-randomly initialised DFlash2 (or v1) draft whose convolutions and selector are perturbed away from
-their identity / neutral init, so every part of the draft does real work.
+randomly initialised DFlash2 (or v1) draft (the draft factory, `model.factory.create_draft`) whose
+convolutions and selector are perturbed away from their identity / neutral init, so every part of
+the draft does real work.
 """
 from __future__ import annotations
 
 import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen3Config
 
-from dflash2.model.config import DFlash2Config
-from dflash2.model.draft import DFlash2DraftModel, init_linear_weights
+from dflash2.model.draft import DFlash2DraftModel
+from dflash2.model.factory import create_draft
+from dflash2.model.shape import DraftShape
 from dflash2.errors import require
 
 FAMILIES = ("llama", "qwen3", "gemma3")
@@ -43,13 +45,10 @@ def tiny_target(family: str = "llama", vocab_size: int = 128, seed: int = 0, num
 
 def tiny_draft(target, *, block_size: int = 8, num_layers: int = 2, use_conv: bool = True,
                use_selector: bool = True, seed: int = 0, top_k: int = 8) -> DFlash2DraftModel:
-    config = DFlash2Config.for_target(target.config, num_hidden_layers=num_layers, num_taps=3,
-                                      mask_token_id=target.config.vocab_size - 1, block_size=block_size,
-                                      use_conv=use_conv, use_selector=use_selector, selector_rank=16,
-                                      selector_top_k=top_k, conv_group_size=16, sliding_window=64)
-    torch.manual_seed(seed)
-    draft = DFlash2DraftModel(config)
-    init_linear_weights(draft, seed=seed)
+    shape = DraftShape(num_layers=num_layers, num_taps=3, block_size=block_size, use_conv=use_conv,
+                       use_selector=use_selector, selector_rank=16, selector_top_k=top_k, conv_group_size=16,
+                       sliding_window=64)
+    draft = create_draft(target.config, shape, mask_token_id=target.config.vocab_size - 1, seed=seed)
     with torch.no_grad():
         for name, param in draft.named_parameters():
             if "base_kernel" in name or "kernel_projection" in name or "codebook" in name:

@@ -1,4 +1,4 @@
-"""`dflash2 ablation CONFIG.yaml`: the equal-budget component ablation of SPEC §4 / issue 3.
+"""`dflash2 ablation CONFIG.yaml`: the equal-budget component ablation (docs/spec.md §1, §4).
 
 Contract:
 - Arms (`ARMS`): DFlash v1 (no selector, no convs), v1 + selector, v1 + convs, DFlash2 (both). Every
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--t1-num-prompts", type=int, default=None, help="prompts per dataset at T=1 (default: --num-prompts)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=8)
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # overrides and options in any order
     arms = parse_list(args.arms, "--arms")
     unknown = [a for a in arms if a not in ARMS]
     require(not unknown, f"--arms: unknown arm '{unknown[0] if unknown else ''}' (choose from {', '.join(ARMS)})")

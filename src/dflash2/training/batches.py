@@ -1,4 +1,4 @@
-"""Training batches: anchor sampling, packed block inputs, labels and the block-sparse mask (SPEC §4).
+"""Training batches: anchor sampling, packed block inputs, labels and the block-sparse mask (docs/spec.md §4).
 
 Contract:
 - An `Example` is one tokenised conversation: `input_ids` [L] and `loss_mask` [L] (True on the
@@ -15,11 +15,12 @@ Contract:
     labels          [b, N, B-1] input_ids[anchor + k], k = 1..B-1
     label_mask      [b, N, B-1] supervised label of a real block
     attn_mask       [b, 1, N*B, L + N*B] bool, True = visible; keys are [context | block_0 .. block_N-1]
-  N is the largest anchor count in the batch; padding blocks (block_valid False) see only themselves
-  and carry no labels. Sequences are right-padded to the longest (attention_mask marks real tokens).
-- `block_attention_mask(anchors, block_size, context_len, window)`: query p of a block anchored at
-  `a` sees context position c iff c < a and p - c < window, and sees every position of its own
-  block (bidirectional) and nothing of other blocks.
+  N is the largest anchor count in the batch; padding blocks (block_valid False, anchor 0) see only
+  themselves and carry no labels. Sequences are right-padded to the longest (attention_mask marks
+  real tokens; a real block's anchor is before its row's padding, so no block sees padding).
+- `attn_mask` is `model.mask.block_visibility(block_positions, 0..L-1, window)`: query p of a block
+  anchored at `a` sees context position c iff c < a and p - c < window, every position of its own
+  block (bidirectional) and nothing of other blocks: the rule the decoding-time proposer uses.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from dflash2.errors import require
+from dflash2.model.mask import block_visibility
 
 
 @dataclass
@@ -86,23 +88,6 @@ def sample_anchors(loss_mask: torch.Tensor, block_size: int, num_anchors: int,
     return candidates.sort().values
 
 
-def block_attention_mask(anchors: torch.Tensor, block_size: int, context_len: int,
-                         window: int | None) -> torch.Tensor:
-    """anchors [b, N] (padding blocks: any anchor, they see no context if anchor = 0)
-    -> bool [b, 1, N*B, L + N*B]."""
-    b, n = anchors.shape
-    offsets = torch.arange(block_size, device=anchors.device)
-    query_pos = (anchors[:, :, None] + offsets).reshape(b, n * block_size)           # [b, Q]
-    query_anchor = anchors[:, :, None].expand(b, n, block_size).reshape(b, n * block_size)  # [b, Q]
-    ctx_pos = torch.arange(context_len, device=anchors.device)                          # [L]
-    ctx = ctx_pos[None, None, :] < query_anchor[:, :, None]                              # [b, Q, L]
-    if window:
-        ctx = ctx & (query_pos[:, :, None] - ctx_pos[None, None, :] < window)
-    block_of = torch.arange(n * block_size, device=anchors.device) // block_size         # [Q]
-    own = (block_of[:, None] == block_of[None, :]).expand(b, -1, -1)                     # [b, Q, Q]
-    return torch.cat([ctx, own], dim=-1)[:, None]                                        # [b, 1, Q, L+Q]
-
-
 def build_batch(examples: list[Example], *, block_size: int, num_anchors: int, mask_token_id: int,
                 window: int | None, seed: int, pad_token_id: int = 0) -> Batch:
     """Pad `examples` into one batch with up to `num_anchors` blocks per sequence (see module doc)."""
@@ -145,6 +130,6 @@ def build_batch(examples: list[Example], *, block_size: int, num_anchors: int, m
         block_positions=block_positions,
         labels=labels,
         label_mask=label_mask,
-        attn_mask=block_attention_mask(anchors, block_size, length, window),
+        attn_mask=block_visibility(block_positions, torch.arange(length), window),
         indices=[e.index for e in examples],
     )

@@ -1,189 +1,296 @@
-"""Training configuration: the YAML schema of `dflash2 train CONFIG.yaml key=value ...`.
+"""Training configuration: the YAML schema of `dflash2 train CONFIG.yaml section.key=value ...`.
 
 Contract:
-- A config is one YAML mapping with the sections below (see `configs/*.yaml` for complete files).
-  Every key has a default; only `data.train` is needed to train on real data.
-- `load_config(path, overrides)` reads the YAML, applies dotted `key=value` overrides (values are
-  parsed as YAML scalars, so `train.steps=100`, `draft.use_selector=false`, `optim.betas=[0.9,0.99]`)
-  and returns a validated `TrainConfig`.
-- `TrainConfig.from_dict(d)` validates: an unknown section or key, a wrong type or a value out of
-  range raises a one-line `DFlash2Error` naming the dotted key (e.g. "train.batch_size").
-- `to_dict()` gives the plain mapping back (written into the run directory as `train_config.yaml`).
+- A `TrainConfig` has six sections, each a frozen dataclass with typed fields and defaults:
+  `target`, `data`, `draft`, `loss`, `optim`, `train` (`cfg.train.batch_size`). The `draft`
+  section is a `model.shape.DraftShape` (whose defaults are the published draft shape) plus how the
+  draft starts (mask token, final-norm init, warm start, `init_from`); `configs/*.yaml` are
+  complete files. Only `data.train` is needed to train on real data.
+- A section checks itself when constructed (from a mapping or by `dataclasses.replace`): a wrong
+  type or an out-of-range value raises a one-line `DFlash2Error` naming the dotted key (e.g.
+  "train.batch_size"); lists are stored as tuples. `TrainConfig` adds the checks that involve two
+  keys. `TrainConfig.from_dict(d)` also refuses unknown sections and keys, and reads the dict form
+  that `to_dict()` writes (the run's `train_config.yaml`, the copy inside every checkpoint),
+  including those of older versions, which may lack keys added since (they take the defaults).
+- `load_config(path, overrides)` reads the YAML, applies dotted `section.key=value` overrides
+  (values parsed as YAML, so `train.steps=100`, `draft.use_selector=false`, `optim.betas=[0.9,0.99]`)
+  and returns the validated config. Numbers read the way people write them, in files and overrides
+  alike: `1e-3`, `1E-3`, `6e-4`, `-1e-2`, `.5`, `1_000` (plain YAML 1.1 reads the first four as strings).
 - `gamma` (loss position decay) defaults to 4 for block size 8, 7 for block size 16 and
   block_size / 2 otherwise; `resolved_gamma()` gives the value in use.
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ClassVar
 
 import yaml
 
 from dflash2.errors import DFlash2Error, require
-
-_INT, _FLOAT, _BOOL, _STR = "int", "float", "bool", "str"
-
-# section -> key -> (kind, default, check, what the check means). kind may end in "?" (None allowed)
-# or be "list[int]" / "list[str]" / "list[float]" (None allowed for all lists).
-SCHEMA: dict[str, dict[str, tuple]] = {
-    "target": {
-        "name": (_STR, "smollm2", None, None),          # built-in name, local directory or hub id
-    },
-    "data": {
-        "train": ("list[str]", [], None, None),         # shard directories
-        "eval": ("list[str]", [], None, None),          # held-out shard directories (optional)
-        "max_seq_len": (_INT, 3072, lambda v: v >= 2, "an integer >= 2"),
-        "max_eval_sequences": (_INT, 256, lambda v: v >= 1, "an integer >= 1"),
-        "feature_cache_dir": (_STR + "?", None, None, None),  # optional on-disk target-feature cache
-    },
-    "draft": {
-        "num_layers": (_INT, 3, lambda v: v >= 1, "an integer >= 1"),
-        "intermediate_size": (_INT + "?", None, lambda v: v >= 1, "a positive integer"),  # None: target's
-        "num_attention_heads": (_INT + "?", None, lambda v: v >= 1, "a positive integer"),
-        "num_key_value_heads": (_INT + "?", None, lambda v: v >= 1, "a positive integer"),
-        "head_dim": (_INT + "?", None, lambda v: v >= 1, "a positive integer"),
-        "num_taps": (_INT + "?", None, lambda v: v >= 1, "a positive integer"),
-        "target_layer_ids": ("list[int]", None, None, None),
-        "block_size": (_INT, 8, lambda v: v >= 2, "an integer >= 2"),
-        "mask_token_id": (_INT + "?", None, lambda v: v >= 0, "a token id >= 0"),  # None: auto
-        "sliding_window": (_INT, 2048, lambda v: v >= 1, "a positive integer"),
-        "use_conv": (_BOOL, True, None, None),
-        "use_selector": (_BOOL, True, None, None),
-        "selector_rank": (_INT, 64, lambda v: v >= 1, "a positive integer"),
-        "selector_top_k": (_INT, 16, lambda v: v >= 1, "a positive integer"),
-        "conv_group_size": (_INT, 16, lambda v: v >= 1, "a positive integer"),
-        "final_norm_init": (_FLOAT, 0.1, lambda v: v > 0, "a positive number"),  # fresh drafts start near-uniform
-        "warm_start_from_target": (_BOOL, False, None, None),
-        "init_from": (_STR + "?", None, None, None),    # start from an existing draft checkpoint
-    },
-    "loss": {
-        "num_anchors": (_INT, 64, lambda v: v >= 1, "an integer >= 1"),
-        "gamma": (_FLOAT + "?", None, lambda v: v > 0, "a positive number"),
-        "selector_weight": (_FLOAT, 1.0, lambda v: v >= 0, "a number >= 0"),
-        "selector_grad_to_backbone": (_BOOL, False, None, None),
-        "logits_chunk": (_INT, 256, lambda v: v >= 1, "a positive integer"),
-    },
-    "optim": {
-        "lr": (_FLOAT, 6e-4, lambda v: v > 0, "a positive number"),
-        "betas": ("list[float]", [0.9, 0.95], lambda v: len(v) == 2 and all(0 <= b < 1 for b in v),
-                  "two numbers in [0, 1)"),
-        "eps": (_FLOAT, 1e-8, lambda v: v > 0, "a positive number"),
-        "weight_decay": (_FLOAT, 0.0, lambda v: v >= 0, "a number >= 0"),
-        "warmup_fraction": (_FLOAT, 0.04, lambda v: 0 <= v < 1, "a number in [0, 1)"),
-        "min_lr_ratio": (_FLOAT, 0.1, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
-        "grad_clip": (_FLOAT + "?", 1.0, lambda v: v > 0, "a positive number (or null for no clipping)"),
-        "clip_selector_separately": (_BOOL, True, None, None),
-    },
-    "train": {
-        "steps": (_INT + "?", None, lambda v: v >= 1, "a positive integer (or null: epochs decide)"),
-        "epochs": (_FLOAT, 1.0, lambda v: v > 0, "a positive number"),
-        "batch_size": (_INT, 8, lambda v: v >= 1, "a positive integer (sequences per optimiser step, all ranks)"),
-        "grad_accum": (_INT, 1, lambda v: v >= 1, "a positive integer"),
-        "seed": (_INT, 0, None, None),
-        "precision": (_STR, "fp32", lambda v: v in ("fp32", "bf16", "auto"), "'fp32', 'bf16' or 'auto'"),
-        "device": (_STR, "auto", lambda v: v in ("auto", "cpu", "cuda"), "'auto', 'cpu' or 'cuda'"),
-        "parallel": (_STR, "ddp", lambda v: v in ("ddp", "fsdp"), "'ddp' or 'fsdp'"),
-        "output_dir": (_STR, "runs/dflash2", None, None),
-        "log_every": (_INT, 10, lambda v: v >= 1, "a positive integer"),
-        "eval_every": (_INT + "?", None, lambda v: v >= 1, "a positive integer (or null)"),
-        "checkpoint_every": (_INT + "?", 500, lambda v: v >= 1, "a positive integer (or null)"),
-        "keep_checkpoints": (_INT, 2, lambda v: v >= 1, "a positive integer"),
-        "save_dtype": (_STR, "bf16", lambda v: v in ("fp32", "bf16"), "'fp32' or 'bf16'"),
-        "progress": (_BOOL, True, None, None),
-    },
-}
+from dflash2.model.shape import DraftShape
 
 
-def _check_kind(key: str, kind: str, value: Any) -> Any:
-    """Coerce / check one value against its kind; raise DFlash2Error naming `key`."""
-    optional = kind.endswith("?") or kind.startswith("list")
-    base = kind.rstrip("?")
-    if value is None:
-        require(optional, f"config key '{key}' must not be null")
-        return None
-    if base.startswith("list["):
-        item = base[5:-1]
-        if item == "str" and isinstance(value, str):
+@dataclass(frozen=True)
+class Rule:
+    """A range check of one key and what it means, for the error message."""
+
+    test: Callable[[Any], bool]
+    meaning: str
+
+
+_AT_LEAST_1 = Rule(lambda v: v >= 1, "a positive integer")
+_POSITIVE = Rule(lambda v: v > 0, "a positive number")
+_NON_NEGATIVE = Rule(lambda v: v >= 0, "a number >= 0")
+
+
+def _one_of(*choices: str) -> Rule:
+    return Rule(lambda v: v in choices, " or ".join(repr(c) for c in choices))
+
+
+class _Section:
+    """Base of the config sections: on construction every field is type-checked against its
+    annotation (ints stay ints, ints become floats where a float is typed, lists become tuples)
+    and against the section's `RULES`; errors name `NAME.field`."""
+
+    NAME: ClassVar[str] = ""
+    RULES: ClassVar[dict[str, Rule]] = {}
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in fields(self):  # type: ignore[arg-type]
+            key = f"{self.NAME}.{f.name}"
+            value = _coerce(key, hints[f.name], getattr(self, f.name))
+            rule = self.RULES.get(f.name)
+            if value is not None and rule is not None:
+                require(rule.test(value), f"config key '{key}' must be {rule.meaning}, got {_plain(value)!r}")
+            object.__setattr__(self, f.name, value)
+
+
+def _coerce(key: str, hint: Any, value: Any) -> Any:
+    """`value` checked against the type `hint` (a DFlash2Error naming `key` if it does not fit)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):  # `X | None`
+        (inner,) = [a for a in args if a is not type(None)]
+        return None if value is None else _coerce(key, inner, value)
+    if origin is tuple:
+        variable = args[-1] is Ellipsis
+        if value is None and variable:
+            return ()
+        if args[0] is str and isinstance(value, str):  # `data.train: some/dir` is a list of one
             value = [value]
         require(isinstance(value, (list, tuple)), f"config key '{key}' must be a list, got {value!r}")
-        return [_check_kind(f"{key}[{i}]", item, v) for i, v in enumerate(value)]
-    if base == _BOOL:
+        require(variable or len(value) == len(args),
+                f"config key '{key}' must be a list of {len(args)} items, got {_plain(value)!r}")
+        return tuple(_coerce(f"{key}[{i}]", args[0], item) for i, item in enumerate(value))
+    require(value is not None, f"config key '{key}' must not be null")
+    if hint is bool:
         require(isinstance(value, bool), f"config key '{key}' must be true or false, got {value!r}")
-    elif base == _INT:
-        require(isinstance(value, int) and not isinstance(value, bool), f"config key '{key}' must be an integer, got {value!r}")
-    elif base == _FLOAT:
-        require(isinstance(value, (int, float)) and not isinstance(value, bool), f"config key '{key}' must be a number, got {value!r}")
+    elif hint is int:
+        require(isinstance(value, int) and not isinstance(value, bool),
+                f"config key '{key}' must be an integer, got {value!r}")
+    elif hint is float:
+        require(isinstance(value, (int, float)) and not isinstance(value, bool),
+                f"config key '{key}' must be a number, got {value!r}")
         value = float(value)
-    elif base == _STR:
+    elif hint is str:
         require(isinstance(value, str) and value != "", f"config key '{key}' must be a non-empty string, got {value!r}")
     return value
 
 
-@dataclasses.dataclass
-class TrainConfig:
-    """Validated training configuration: `cfg.section["key"]`, e.g. `cfg.train["batch_size"]`."""
+def _plain(value: Any) -> Any:
+    """Tuples back to lists (the YAML / checkpoint form)."""
+    return [_plain(v) for v in value] if isinstance(value, tuple) else value
 
-    target: dict
-    data: dict
-    draft: dict
-    loss: dict
-    optim: dict
-    train: dict
+
+# ---------------------------------------------------------------------------------------- sections
+@dataclass(frozen=True)
+class TargetSection(_Section):
+    NAME = "target"
+    name: str = "smollm2"                       # built-in name, local directory or hub id
+
+
+@dataclass(frozen=True)
+class DataSection(_Section):
+    NAME = "data"
+    RULES = {"max_seq_len": Rule(lambda v: v >= 2, "an integer >= 2"), "max_eval_sequences": _AT_LEAST_1}
+    train: tuple[str, ...] = ()                 # shard directories
+    eval: tuple[str, ...] = ()                  # held-out shard directories (optional)
+    max_seq_len: int = 3072
+    max_eval_sequences: int = 256
+    feature_cache_dir: str | None = None        # optional on-disk target-feature cache
+
+
+@dataclass(frozen=True)
+class DraftSection(_Section, DraftShape):
+    """The draft's shape (`DraftShape`: its defaults) and how a fresh draft starts."""
+
+    NAME = "draft"
+    RULES = {
+        "num_layers": _AT_LEAST_1, "intermediate_size": _AT_LEAST_1, "num_attention_heads": _AT_LEAST_1,
+        "num_key_value_heads": _AT_LEAST_1, "head_dim": _AT_LEAST_1, "num_taps": _AT_LEAST_1,
+        "block_size": Rule(lambda v: v >= 2, "an integer >= 2"), "sliding_window": _AT_LEAST_1,
+        "selector_rank": _AT_LEAST_1, "selector_top_k": _AT_LEAST_1, "conv_group_size": _AT_LEAST_1,
+        "mask_token_id": Rule(lambda v: v >= 0, "a token id >= 0"), "final_norm_init": _POSITIVE,
+    }
+    mask_token_id: int | None = None            # None: targets.chat.choose_mask_token
+    final_norm_init: float = 0.1                # fresh drafts start near-uniform (model/factory.py)
+    warm_start_from_target: bool = False
+    init_from: str | None = None                # start from an existing draft checkpoint
+
+    def shape(self) -> DraftShape:
+        return DraftShape(**{f.name: getattr(self, f.name) for f in fields(DraftShape)})
+
+
+@dataclass(frozen=True)
+class LossSection(_Section):
+    NAME = "loss"
+    RULES = {"num_anchors": _AT_LEAST_1, "gamma": _POSITIVE, "selector_weight": _NON_NEGATIVE,
+             "logits_chunk": _AT_LEAST_1}
+    num_anchors: int = 64                       # blocks per sequence
+    gamma: float | None = None                  # position decay; None: see resolved_gamma
+    selector_weight: float = 1.0
+    selector_grad_to_backbone: bool = False
+    logits_chunk: int = 256                     # positions per [chunk, vocab] logits slice
+
+
+@dataclass(frozen=True)
+class OptimSection(_Section):
+    NAME = "optim"
+    RULES = {
+        "lr": _POSITIVE, "betas": Rule(lambda v: all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),
+        "eps": _POSITIVE, "weight_decay": _NON_NEGATIVE,
+        "warmup_fraction": Rule(lambda v: 0 <= v < 1, "a number in [0, 1)"),
+        "min_lr_ratio": Rule(lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+        "grad_clip": Rule(lambda v: v > 0, "a positive number (or null for no clipping)"),
+    }
+    lr: float = 6e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_fraction: float = 0.04
+    min_lr_ratio: float = 0.1
+    grad_clip: float | None = 1.0
+    clip_selector_separately: bool = True       # the selector gets its own clip norm (training/model.py)
+
+
+@dataclass(frozen=True)
+class TrainSection(_Section):
+    NAME = "train"
+    RULES = {
+        "steps": Rule(lambda v: v >= 1, "a positive integer (or null: epochs decide)"), "epochs": _POSITIVE,
+        "batch_size": Rule(lambda v: v >= 1, "a positive integer (sequences per optimiser step, all ranks)"),
+        "grad_accum": _AT_LEAST_1, "precision": _one_of("fp32", "bf16", "auto"),
+        "device": _one_of("auto", "cpu", "cuda"), "parallel": _one_of("ddp", "fsdp"), "log_every": _AT_LEAST_1,
+        "eval_every": Rule(lambda v: v >= 1, "a positive integer (or null)"),
+        "checkpoint_every": Rule(lambda v: v >= 1, "a positive integer (or null)"),
+        "keep_checkpoints": _AT_LEAST_1, "save_dtype": _one_of("fp32", "bf16"),
+    }
+    steps: int | None = None                    # None: epochs x (sequences / batch_size)
+    epochs: float = 1.0
+    batch_size: int = 8                         # sequences per optimiser step, all ranks together
+    grad_accum: int = 1
+    seed: int = 0
+    precision: str = "fp32"
+    device: str = "auto"
+    parallel: str = "ddp"
+    output_dir: str = "runs/dflash2"
+    log_every: int = 10
+    eval_every: int | None = None
+    checkpoint_every: int | None = 500
+    keep_checkpoints: int = 2
+    save_dtype: str = "bf16"
+    progress: bool = True
+
+
+# ---------------------------------------------------------------------------------------- the config
+@dataclass(frozen=True)
+class TrainConfig:
+    """Validated training configuration: `cfg.section.key`, e.g. `cfg.train.batch_size`."""
+
+    target: TargetSection = field(default_factory=TargetSection)
+    data: DataSection = field(default_factory=DataSection)
+    draft: DraftSection = field(default_factory=DraftSection)
+    loss: LossSection = field(default_factory=LossSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    train: TrainSection = field(default_factory=TrainSection)
+
+    def __post_init__(self) -> None:
+        d, t = self.draft, self.train
+        require(t.batch_size % t.grad_accum == 0,
+                f"config key 'train.grad_accum'={t.grad_accum} must divide train.batch_size={t.batch_size}")
+        require(self.data.max_seq_len > d.block_size,
+                f"config key 'data.max_seq_len'={self.data.max_seq_len} must exceed draft.block_size={d.block_size}")
+        if d.target_layer_ids is not None:
+            require(len(d.target_layer_ids) > 0, "config key 'draft.target_layer_ids' must not be empty")
+            require(len(set(d.target_layer_ids)) == len(d.target_layer_ids),
+                    "config key 'draft.target_layer_ids' has repeated layers")
 
     @classmethod
     def from_dict(cls, raw: dict | None) -> "TrainConfig":
         raw = raw or {}
         require(isinstance(raw, dict), "training config must be a YAML mapping of sections")
-        for section in raw:
-            require(section in SCHEMA, f"unknown config section '{section}' (expected one of {', '.join(SCHEMA)})")
+        for name in raw:
+            require(name in SECTIONS, f"unknown config section '{name}' (expected one of {', '.join(SECTIONS)})")
         sections = {}
-        for section, keys in SCHEMA.items():
-            given = raw.get(section) or {}
-            if section == "target" and isinstance(given, str):  # `target: smollm2` shorthand
+        for name, section in SECTIONS.items():
+            given = raw.get(name) or {}
+            if name == "target" and isinstance(given, str):  # `target: smollm2` shorthand
                 given = {"name": given}
-            require(isinstance(given, dict), f"config section '{section}' must be a mapping")
+            require(isinstance(given, dict), f"config section '{name}' must be a mapping")
             for key in given:
-                require(key in keys, f"unknown config key '{section}.{key}'")
-            values = {}
-            for key, (kind, default, check, meaning) in keys.items():
-                dotted = f"{section}.{key}"
-                value = _check_kind(dotted, kind, given.get(key, copy.deepcopy(default)))
-                if value is not None and check is not None:
-                    require(check(value), f"config key '{dotted}' must be {meaning}, got {value!r}")
-                values[key] = value
-            sections[section] = values
-        config = cls(**sections)
-        config._cross_checks()
-        return config
-
-    def _cross_checks(self) -> None:
-        d, t = self.draft, self.train
-        require(t["batch_size"] % t["grad_accum"] == 0,
-                f"config key 'train.grad_accum'={t['grad_accum']} must divide train.batch_size={t['batch_size']}")
-        require(self.data["max_seq_len"] > d["block_size"],
-                f"config key 'data.max_seq_len'={self.data['max_seq_len']} must exceed draft.block_size={d['block_size']}")
-        if d["use_conv"]:
-            require(d["conv_group_size"] >= 1, "config key 'draft.conv_group_size' must be positive")
-        if d["target_layer_ids"] is not None:
-            require(len(d["target_layer_ids"]) > 0, "config key 'draft.target_layer_ids' must not be empty")
-            require(len(set(d["target_layer_ids"])) == len(d["target_layer_ids"]),
-                    "config key 'draft.target_layer_ids' has repeated layers")
+                require(key in section_keys(name), f"unknown config key '{name}.{key}'")
+            sections[name] = section(**given)
+        return cls(**sections)
 
     def to_dict(self) -> dict:
-        return {name: copy.deepcopy(getattr(self, name)) for name in SCHEMA}
+        """{section: {key: value}} with lists, as written to `train_config.yaml` and checkpoints."""
+        return {name: {f.name: _plain(getattr(getattr(self, name), f.name)) for f in fields(getattr(self, name))}
+                for name in SECTIONS}
 
     def resolved_gamma(self) -> float:
-        if self.loss["gamma"] is not None:
-            return self.loss["gamma"]
-        block = self.draft["block_size"]
+        if self.loss.gamma is not None:
+            return self.loss.gamma
+        block = self.draft.block_size
         return {8: 4.0, 16: 7.0}.get(block, block / 2)
 
 
+SECTIONS: dict[str, type] = {f.name: typing.get_type_hints(TrainConfig)[f.name] for f in fields(TrainConfig)}
+
+
+def section_keys(name: str) -> tuple[str, ...]:
+    """The keys of config section `name`."""
+    return tuple(f.name for f in fields(SECTIONS[name]))
+
+
+# ---------------------------------------------------------------------------------------- reading
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML 1.1 safe loading with YAML 1.2 floats: `1e-3`, `6E-4`, `-1e-2` are numbers (YAML 1.1
+    wants a dot and a signed exponent, `1.0e-3`, and reads the others as strings)."""
+
+
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _FLOAT_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_ConfigLoader.add_implicit_resolver(_FLOAT_TAG, re.compile(r"""^(?:
+    [-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?     # 1.5, 1., 1.0e-3
+  | [-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?           # .5, -.5e1
+  | [-+]?[0-9][0-9_]*[eE][-+]?[0-9]+                 # 1e-3, 6E-4, 1e3
+  | [-+]?\.(?:inf|Inf|INF) | \.(?:nan|NaN|NAN))$""", re.X), list("-+0123456789."))
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text -> Python values, numbers as people write them (see `_ConfigLoader`)."""
+    return yaml.load(text, Loader=_ConfigLoader)
+
+
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply dotted `section.key=value` overrides (value parsed as a YAML scalar/list)."""
-    raw = copy.deepcopy(raw or {})
+    """Apply dotted `section.key=value` overrides (value parsed as YAML: a scalar or a list)."""
+    raw = dict(raw or {})
     for item in overrides:
         require("=" in item, f"override '{item}' must look like section.key=value")
         dotted, text = item.split("=", 1)
@@ -191,17 +298,17 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         require(len(parts) == 2 and all(parts),
                 f"override key '{dotted}' must be section.key (e.g. train.steps=100)")
         section, key = parts
-        require(section in SCHEMA, f"unknown config section '{section}' in override '{item}'")
-        require(key in SCHEMA[section], f"unknown config key '{dotted}' in override '{item}'")
+        require(section in SECTIONS, f"unknown config section '{section}' in override '{item}'")
+        require(key in section_keys(section), f"unknown config key '{dotted}' in override '{item}'")
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = parse_yaml(text) if text.strip() else None
         except yaml.YAMLError:
             raise DFlash2Error(f"override '{item}': value is not valid YAML") from None
-        if section == "target" and isinstance(raw.get("target"), str):
-            raw["target"] = {"name": raw["target"]}
-        raw.setdefault(section, {})
-        require(isinstance(raw[section], dict), f"config section '{section}' must be a mapping")
-        raw[section][key] = value
+        current = raw.get(section) or {}
+        if section == "target" and isinstance(current, str):
+            current = {"name": current}
+        require(isinstance(current, dict), f"config section '{section}' must be a mapping")
+        raw[section] = {**current, key: value}
     return raw
 
 
@@ -212,7 +319,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
         path = Path(path)
         require(path.is_file(), f"training config '{path}' does not exist")
         try:
-            raw = yaml.safe_load(path.read_text()) or {}
+            raw = parse_yaml(path.read_text()) or {}
         except yaml.YAMLError as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else "parse error"
             raise DFlash2Error(f"training config '{path}' is not valid YAML: {first}") from None

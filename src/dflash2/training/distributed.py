@@ -5,7 +5,7 @@ Contract:
   default process group, gloo on CPU and nccl on CUDA, and pin each rank to cuda:LOCAL_RANK; in a
   plain process it is a no-op with rank 0 of 1. `close()` destroys a group this object created.
 - `wrap(module, mode)`: "ddp" -> DistributedDataParallel (gradients all-reduced and averaged
-  across ranks); "fsdp" -> FSDP2 `fully_shard` on the whole training module (parameters,
+  across ranks; buffers are not broadcast, every rank builds the same ones); "fsdp" -> FSDP2 `fully_shard` on the whole training module (parameters,
   gradients and optimizer state sharded across ranks, gathered for the forward). The draft's
   context pass calls per-layer projections outside the layers' own forward, so sharding is done
   at the root only. With one process the module is returned unwrapped.
@@ -94,7 +94,10 @@ class Dist:
             fully_shard(module)
             return module
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(module, device_ids=ids)
+        # No buffer broadcast: the training module's buffers (position weights, the target's borrowed
+        # embedding and LM head) are the same on every rank, and broadcasting the head every
+        # forward would copy a vocabulary-sized matrix per micro-batch.
+        return nn.parallel.DistributedDataParallel(module, device_ids=ids, broadcast_buffers=False)
 
     @staticmethod
     def no_sync(wrapped: nn.Module, last_micro_batch: bool):

@@ -12,8 +12,8 @@ Contract:
   length or width does not match is recomputed.
 - Each sequence is run through the target on its own, at its own length: padded batches of
   ShareGPT-like data waste most of a padded pass (lengths 40..1024), and a 135M-parameter target
-  is compute-bound on a CPU, so one unpadded pass per row is the cheaper way (a first-epoch
-  training step of 8 sequences: ≈ 19 s padded → ≈ 12 s unpadded on a 2-core AVX2 CPU).
+  is compute-bound on a CPU, so one unpadded pass per row is the cheaper way (TRAINING.md has the
+  measured step times).
 - The target sees exactly `batch.input_ids` / `batch.attention_mask` (positions 0..L_i-1, right
   padding), so cached and online features describe the same tokens.
 """

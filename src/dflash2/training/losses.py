@@ -1,4 +1,4 @@
-"""Training losses and teacher-forced metrics of a packed batch of draft blocks (SPEC §4).
+"""Training losses and teacher-forced metrics of a packed batch of draft blocks (docs/spec.md §4).
 
 Contract:
 - `position_weights(block_size, gamma)` -> w [B-1], w_k = exp(-(k-1)/gamma) for k = 1..B-1
@@ -20,11 +20,13 @@ Contract:
 - Memory and cost: the token CE goes through `head_ce.head_cross_entropy`, which builds logits
   CHUNK positions at a time and forms their gradient on the spot, so at most one chunk's [chunk, V]
   fp32 logits are alive and the LM head is multiplied twice per chunk (forward, gradient).
-- `stats` holds detached sums (see `STAT_KEYS`) that add across micro-batches and ranks; 
-  `summarise(stats)` turns them into the logged metrics: loss parts, teacher-forced acceptance
-  length (tau with the selector walk, tau_base with per-position argmax), per-position top-1,
-  top-K and selector accuracy, and `loss_selector_in_topk` (the selector CE averaged over the
-  positions it applies to; `loss_selector` is normalised like the token CE, so it grows with recall).
+- `stats` is a `LossStats` of detached float64 sums: `a + b` adds micro-batches and steps,
+  `reduced(dist)` sums them across ranks (one all_reduce of one packed vector), and
+  `summary(selector_weight, has_selector)` turns them into the logged metrics: loss parts,
+  teacher-forced acceptance length (tau with the selector walk, tau_base with per-position argmax),
+  per-position top-1, top-K and selector accuracy, and `loss_selector_in_topk` (the selector CE
+  averaged over the positions it applies to; `loss_selector` is normalised like the token CE, so it
+  grows with recall).
 - Teacher-forced tau of a block = 1 + number of leading positions predicted correctly. With the
   true previous token as predecessor this equals the greedy acceptance length against the labels
   (while the walk is right its chosen predecessor IS the true token). Blocks whose labels stop
@@ -33,6 +35,8 @@ Contract:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +44,78 @@ import torch.nn.functional as F
 from dflash2.training.batches import Batch
 from dflash2.training.head_ce import candidate_logits, head_cross_entropy
 
-STAT_KEYS = ("weight", "weight_topk", "ce", "selector", "blocks", "tau", "tau_base", "count", "top1", "topk", "selector_ok")
+if TYPE_CHECKING:
+    from dflash2.training.distributed import Dist
+
+
+@dataclass
+class LossStats:
+    """Detached sums over supervised block positions, blocks and (after `+`) micro-batches, steps
+    and ranks. Every field is a tensor: [] scalars, and [T] (per block position 1..B-1) for `count`,
+    `top1`, `topk`, `selector_ok`. Sums of two stats are float64."""
+
+    weight: torch.Tensor         # [] label weights (the loss normaliser)
+    weight_topk: torch.Tensor    # [] label weights where the true token is among the top K
+    ce: torch.Tensor             # [] weighted token CE
+    selector: torch.Tensor       # [] weighted selector CE
+    blocks: torch.Tensor         # [] real blocks
+    tau: torch.Tensor            # [] teacher-forced acceptance length with the selector walk, summed over blocks
+    tau_base: torch.Tensor       # [] the same with per-position argmax
+    count: torch.Tensor          # [T] supervised labels per position
+    top1: torch.Tensor           # [T] argmax correct
+    topk: torch.Tensor           # [T] true token among the top K
+    selector_ok: torch.Tensor    # [T] selector's choice correct (given the true predecessor)
+
+    @classmethod
+    def zeros(cls, positions: int, device: torch.device | str = "cpu") -> "LossStats":
+        """The neutral element of `+` for blocks of `positions` + 1 tokens."""
+        return cls(**{f.name: torch.zeros(positions if f.name in _PER_POSITION else (), dtype=torch.float64,
+                                          device=device) for f in fields(cls)})
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [getattr(self, f.name) for f in fields(self)]
+
+    def __add__(self, other: "LossStats") -> "LossStats":
+        return LossStats(*(a.double() + b.double() for a, b in zip(self._tensors(), other._tensors())))
+
+    def reduced(self, dist: "Dist") -> "LossStats":
+        """The sum over all ranks (on the CPU): one all_reduce of every field packed in one vector."""
+        parts = self._tensors()
+        flat = torch.cat([t.double().reshape(-1) for t in parts]).to(dist.device)        # [7 + 4T]
+        flat = dist.all_reduce_sum(flat).cpu()
+        pieces = flat.split([t.numel() for t in parts])
+        return LossStats(*(piece.reshape(t.shape) for piece, t in zip(pieces, parts)))
+
+    def summary(self, selector_weight: float, has_selector: bool) -> dict:
+        """The logged metrics (plain floats and lists; metrics.jsonl keys)."""
+        weight = max(float(self.weight), 1e-12)
+        blocks = max(float(self.blocks), 1.0)
+        count = self.count.clamp(min=1.0)
+        ce = float(self.ce) / weight
+        sel = float(self.selector) / weight
+        out = {
+            "loss": ce + (selector_weight * sel if has_selector else 0.0),
+            "loss_ce": ce,
+            "tau_base": float(self.tau_base) / blocks,
+            "top1": _rounded(self.top1 / count),
+            "topk": _rounded(self.topk / count),
+            "blocks": int(self.blocks),
+        }
+        if has_selector:
+            out["loss_selector"] = sel
+            out["loss_selector_in_topk"] = float(self.selector) / max(float(self.weight_topk), 1e-12)
+            out["tau"] = float(self.tau) / blocks
+            out["selector_acc"] = _rounded(self.selector_ok / count)
+        else:
+            out["tau"] = out["tau_base"]
+        return out
+
+
+_PER_POSITION = ("count", "top1", "topk", "selector_ok")
+
+
+def _rounded(values: torch.Tensor) -> list[float]:
+    return [round(float(x), 5) for x in values]
 
 
 def position_weights(block_size: int, gamma: float, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -80,7 +155,7 @@ def _leading_correct(correct: torch.Tensor) -> torch.Tensor:
 
 def block_losses(draft, hidden: torch.Tensor, batch: Batch, weights: torch.Tensor, normaliser: float,
                  *, selector_weight: float = 1.0, selector_grad_to_backbone: bool = False,
-                 top_k: int = 16, chunk: int = 256) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                 top_k: int = 16, chunk: int = 256) -> tuple[torch.Tensor, LossStats]:
     """hidden [b, N, B, H] -> (scalar loss, detached stats). See the module docstring."""
     b, n, block, h = hidden.shape
     t = block - 1
@@ -125,63 +200,17 @@ def block_losses(draft, hidden: torch.Tensor, batch: Batch, weights: torch.Tenso
 
         top1, topk, sel_ok = scatter("top1"), scatter("topk"), scatter("selector_ok")
         valid = batch.block_valid                                             # [b, N]
-        stats = {
-            "weight": w.sum(),
-            "weight_topk": topk_weight,
-            "ce": ce_sum.detach(),
-            "selector": sel_sum.detach(),
-            "blocks": valid.float().sum(),
-            "tau": ((1 + _leading_correct(sel_ok)) * valid).sum(),
-            "tau_base": ((1 + _leading_correct(top1)) * valid).sum(),
-            "count": batch.label_mask.float().sum(dim=(0, 1)),                # [T]
-            "top1": top1.float().sum(dim=(0, 1)),
-            "topk": topk.float().sum(dim=(0, 1)),
-            "selector_ok": sel_ok.float().sum(dim=(0, 1)),
-        }
+        stats = LossStats(
+            weight=w.sum(),
+            weight_topk=topk_weight,
+            ce=ce_sum.detach(),
+            selector=sel_sum.detach(),
+            blocks=valid.float().sum(),
+            tau=((1 + _leading_correct(sel_ok)) * valid).sum(),
+            tau_base=((1 + _leading_correct(top1)) * valid).sum(),
+            count=batch.label_mask.float().sum(dim=(0, 1)),                   # [T]
+            top1=top1.float().sum(dim=(0, 1)),
+            topk=topk.float().sum(dim=(0, 1)),
+            selector_ok=sel_ok.float().sum(dim=(0, 1)),
+        )
     return loss, stats
-
-
-def add_stats(total: dict[str, torch.Tensor] | None, new: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    if total is None:
-        return {k: v.detach().clone().double() for k, v in new.items()}
-    return {k: total[k] + new[k].double() for k in total}
-
-
-def pack_stats(stats: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Flatten stats into one float64 vector (for a single all_reduce)."""
-    return torch.cat([stats[k].double().reshape(-1) for k in STAT_KEYS])
-
-
-def unpack_stats(flat: torch.Tensor, block_size: int) -> dict[str, torch.Tensor]:
-    t = block_size - 1
-    out, offset = {}, 0
-    for key in STAT_KEYS:
-        size = t if key in ("count", "top1", "topk", "selector_ok") else 1
-        out[key] = flat[offset:offset + size].reshape(()) if size == 1 else flat[offset:offset + size]
-        offset += size
-    return out
-
-
-def summarise(stats: dict[str, torch.Tensor], selector_weight: float, has_selector: bool) -> dict:
-    """Sums -> logged metrics (plain floats / lists)."""
-    weight = max(float(stats["weight"]), 1e-12)
-    blocks = max(float(stats["blocks"]), 1.0)
-    count = stats["count"].clamp(min=1.0)
-    ce = float(stats["ce"]) / weight
-    sel = float(stats["selector"]) / weight
-    out = {
-        "loss": ce + (selector_weight * sel if has_selector else 0.0),
-        "loss_ce": ce,
-        "tau_base": float(stats["tau_base"]) / blocks,
-        "top1": [round(float(x), 5) for x in stats["top1"] / count],
-        "topk": [round(float(x), 5) for x in stats["topk"] / count],
-        "blocks": int(stats["blocks"]),
-    }
-    if has_selector:
-        out["loss_selector"] = sel
-        out["loss_selector_in_topk"] = float(stats["selector"]) / max(float(stats["weight_topk"]), 1e-12)
-        out["tau"] = float(stats["tau"]) / blocks
-        out["selector_acc"] = [round(float(x), 5) for x in stats["selector_ok"] / count]
-    else:
-        out["tau"] = out["tau_base"]
-    return out

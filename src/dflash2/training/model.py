@@ -1,14 +1,17 @@
 """Building the draft to train, and the one-forward training module that DDP / FSDP wrap.
 
 Contract:
-- `draft_config(cfg, target_config, tokenizer)` turns the `draft` section of a `TrainConfig` into a
-  `DFlash2Config` shaped for the target (attention shape and MLP width default to the target's).
-- Without `draft.mask_token_id`, the mask token is `dflash2.chat.choose_mask_token` (the same rule
+- `checked_shape(cfg, target_config, tokenizer)` -> (the `draft` section's `DraftShape`, mask
+  token), checked against the target with errors naming the config key; `draft_config(...)` is the
+  `DFlash2Config` they give (`DFlash2Config.for_target`: attention shape and MLP width default to
+  the target's).
+- Without `draft.mask_token_id`, the mask token is `targets.chat.choose_mask_token` (the same rule
   as `dflash2 init-draft`).
-- `build_draft(cfg, target_model, tokenizer)`: a fresh draft with the SPEC initialisation
-  (`init_linear_weights`: identity convolutions, neutral selector), optionally warm-started from
-  the target (`warm_start_from_target`) or loaded from `draft.init_from`; bound to the target's
-  frozen embedding table and LM head. Returns (draft, report dict).
+- `build_draft(cfg, target_model, tokenizer)`: a fresh draft from the draft factory
+  (`model.factory.create_draft`, seeded by `train.seed`, final norm at `draft.final_norm_init`),
+  optionally warm-started from the target (`warm_start_from_target`), or loaded from
+  `draft.init_from`; in fp32, bound to the target's frozen embedding table and LM head (buffers
+  that move with the draft). Returns (draft, report dict).
 - `warm_start_from_target(draft, target_model)` copies, for draft layer i, the weights of target
   decoder layer L - n + i (the target's last n layers, the ones that turn features into next-token
   predictions): q/k/v/o projections, gate/up/down projections and, for Llama / Qwen-style
@@ -25,7 +28,9 @@ from torch import nn
 
 from dflash2.targets.chat import choose_mask_token
 from dflash2.model.config import DFlash2Config
-from dflash2.model.draft import DFlash2DraftModel, init_linear_weights
+from dflash2.model.draft import DFlash2DraftModel
+from dflash2.model.factory import create_draft
+from dflash2.model.shape import DraftShape, target_text_config
 from dflash2.errors import require
 from dflash2.decoding.target import decoder_layers
 from dflash2.training.batches import Batch
@@ -33,39 +38,33 @@ from dflash2.training.config import TrainConfig
 from dflash2.training.losses import block_losses, position_weights
 
 
-def _text_config(target_config):
-    return target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
-
-
-def draft_config(cfg: TrainConfig, target_config, tokenizer=None) -> DFlash2Config:
+def checked_shape(cfg: TrainConfig, target_config, tokenizer=None) -> tuple[DraftShape, int]:
+    """The `draft` section's shape and mask token, checked against the target (errors name the key)."""
     d = cfg.draft
-    text = _text_config(target_config)
-    mask = d["mask_token_id"] if d["mask_token_id"] is not None else (
+    text = target_text_config(target_config)
+    mask = d.mask_token_id if d.mask_token_id is not None else (
         choose_mask_token(tokenizer, text.vocab_size) if tokenizer is not None else text.vocab_size - 1)
     require(mask < text.vocab_size, f"config key 'draft.mask_token_id'={mask} is outside the target vocabulary "
                                     f"(vocab_size={text.vocab_size})")
-    for layer in d["target_layer_ids"] or []:
+    for layer in d.target_layer_ids or ():
         require(0 <= layer < text.num_hidden_layers,
                 f"config key 'draft.target_layer_ids' has {layer}, outside the target's {text.num_hidden_layers} layers")
-    heads = d["num_attention_heads"] or text.num_attention_heads
-    head_dim = d["head_dim"] or (None if d["num_attention_heads"] else getattr(text, "head_dim", None)) \
-        or text.hidden_size // heads
-    kv_heads = d["num_key_value_heads"] or (getattr(text, "num_key_value_heads", heads)
-                                            if heads == text.num_attention_heads else heads)
-    require(heads % kv_heads == 0, f"config key 'draft.num_key_value_heads'={kv_heads} must divide "
-                                   f"draft.num_attention_heads={heads}")
-    if d["use_conv"]:
-        require(text.hidden_size % d["conv_group_size"] == 0,
-                f"config key 'draft.conv_group_size'={d['conv_group_size']} must divide the hidden size {text.hidden_size}")
-    require(d["selector_top_k"] <= text.vocab_size,
-            f"config key 'draft.selector_top_k'={d['selector_top_k']} exceeds the vocabulary ({text.vocab_size})")
-    return DFlash2Config.for_target(
-        target_config, num_hidden_layers=d["num_layers"], num_taps=d["num_taps"],
-        target_layer_ids=d["target_layer_ids"], mask_token_id=mask, block_size=d["block_size"],
-        intermediate_size=d["intermediate_size"], num_attention_heads=heads, num_key_value_heads=kv_heads,
-        head_dim=head_dim, use_conv=d["use_conv"], use_selector=d["use_selector"],
-        selector_rank=d["selector_rank"], selector_top_k=d["selector_top_k"],
-        conv_group_size=d["conv_group_size"], sliding_window=d["sliding_window"])
+    shape = d.shape()
+    attention = shape.attention(text)
+    require(attention.num_attention_heads % attention.num_key_value_heads == 0,
+            f"config key 'draft.num_key_value_heads'={attention.num_key_value_heads} must divide "
+            f"draft.num_attention_heads={attention.num_attention_heads}")
+    if d.use_conv:
+        require(text.hidden_size % d.conv_group_size == 0,
+                f"config key 'draft.conv_group_size'={d.conv_group_size} must divide the hidden size {text.hidden_size}")
+    require(d.selector_top_k <= text.vocab_size,
+            f"config key 'draft.selector_top_k'={d.selector_top_k} exceeds the vocabulary ({text.vocab_size})")
+    return shape, mask
+
+
+def draft_config(cfg: TrainConfig, target_config, tokenizer=None) -> DFlash2Config:
+    shape, mask = checked_shape(cfg, target_config, tokenizer)
+    return DFlash2Config.for_target(target_config, shape, mask_token_id=mask)
 
 
 _LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -75,7 +74,7 @@ _NORMS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "se
 
 def warm_start_from_target(draft: DFlash2DraftModel, target_model) -> list[str]:
     layers = decoder_layers(target_model)
-    model_type = getattr(_text_config(target_model.config), "model_type", "")
+    model_type = getattr(target_text_config(target_model.config), "model_type", "")
     names = _LINEARS + (() if model_type.startswith("gemma") else _NORMS)
     first = len(layers) - len(draft.layers)
     require(first >= 0, "draft.warm_start_from_target: the draft has more layers than the target")
@@ -102,20 +101,15 @@ def warm_start_from_target(draft: DFlash2DraftModel, target_model) -> list[str]:
 
 def build_draft(cfg: TrainConfig, target_model, tokenizer=None) -> tuple[DFlash2DraftModel, dict]:
     report: dict = {}
-    if cfg.draft["init_from"]:
-        draft = DFlash2DraftModel.from_pretrained(cfg.draft["init_from"]).train()
+    if cfg.draft.init_from:
+        draft = DFlash2DraftModel.from_pretrained(cfg.draft.init_from).train()
         draft.config.validate_against_target(target_model.config)
-        report["init_from"] = cfg.draft["init_from"]
+        report["init_from"] = cfg.draft.init_from
     else:
-        config = draft_config(cfg, target_model.config, tokenizer)
-        torch.manual_seed(cfg.train["seed"])
-        draft = DFlash2DraftModel(config)
-        init_linear_weights(draft, seed=cfg.train["seed"])
-        # A fresh draft's hidden state is almost its input token's embedding; with a unit final
-        # norm that token gets a logit near +77 on SmolLM2 and the first CE is ~55. A small final
-        # norm starts the draft near-uniform (CE ~ ln V) and saves the first steps' work.
-        draft.norm.weight.data.fill_(cfg.draft["final_norm_init"])
-        if cfg.draft["warm_start_from_target"]:
+        shape, mask = checked_shape(cfg, target_model.config, tokenizer)
+        draft = create_draft(target_model.config, shape, mask_token_id=mask, seed=cfg.train.seed,
+                             final_norm_init=cfg.draft.final_norm_init)
+        if cfg.draft.warm_start_from_target:
             report["warm_started"] = warm_start_from_target(draft, target_model)
     draft = draft.float().train()
     draft.bind_target(target_model.get_input_embeddings().weight, target_model.get_output_embeddings().weight)

@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -46,7 +47,7 @@ from dflash2.training.config import TrainConfig, load_config
 from dflash2.training.data import SequenceOrder, load_sequences, to_pair
 from dflash2.training.distributed import Dist
 from dflash2.training.features import FeatureSource, cache_tag
-from dflash2.training.losses import add_stats, label_weights, pack_stats, summarise, unpack_stats
+from dflash2.training.losses import LossStats, label_weights
 from dflash2.training.metrics_log import MetricsLog, plot_curves
 from dflash2.training.model import DraftTrainStep, build_draft, clip_groups
 
@@ -68,7 +69,7 @@ def lr_factor(step: int, total: int, warmup_fraction: float, min_ratio: float) -
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """`train.precision` -> the autocast dtype (None = plain fp32). `auto` is bf16 on CUDA and on CPUs
-    with native bf16 matmul (where it runs a step ~2x faster), fp32 elsewhere."""
+    with native bf16 matmul (where bf16 steps are faster: TRAINING.md), fp32 elsewhere."""
     if precision == "auto":
         fast = device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16())
         precision = "bf16" if fast else "fp32"
@@ -80,53 +81,52 @@ class Trainer:
                  eval_sequences=None, dist: Dist | None = None):
         self.cfg = cfg
         t, d = cfg.train, cfg.data
-        self.dist = dist or Dist.from_env(t["device"])
+        self.dist = dist or Dist.from_env(t.device)
         device = self.dist.device
-        self.autocast_dtype = autocast_dtype(t["precision"], device)
+        self.autocast_dtype = autocast_dtype(t.precision, device)
         target_dtype = torch.bfloat16 if (self.autocast_dtype and device.type == "cuda") else torch.float32
         if target_model is None:
             from dflash2.targets.builtin import load_target
-            target_model, tokenizer = load_target(cfg.target["name"], device=device, dtype=target_dtype)
+            target_model, tokenizer = load_target(cfg.target.name, device=device, dtype=target_dtype)
         target_model = target_model.to(device).eval().requires_grad_(False)
         self.draft, self.build_report = build_draft(cfg, target_model, tokenizer)
-        self.draft.to(device)
-        self.draft.bind_target(target_model.get_input_embeddings().weight, target_model.get_output_embeddings().weight)
+        self.draft.to(device)  # the borrowed embedding and LM head move with it
         self.adapter = TargetAdapter(target_model, self.draft.config.target_layer_ids)
-        tag = cache_tag(cfg.target["name"], self.draft.config.target_layer_ids, target_dtype, d["max_seq_len"])
-        self.features = FeatureSource(self.adapter, d["feature_cache_dir"], tag)
+        tag = cache_tag(cfg.target.name, self.draft.config.target_layer_ids, target_dtype, d.max_seq_len)
+        self.features = FeatureSource(self.adapter, d.feature_cache_dir, tag)
 
         if train_sequences is None:
-            require(bool(d["train"]), "config key 'data.train' must list at least one shard directory")
-            train_sequences, self.data_counts = load_sequences(d["train"], d["max_seq_len"])
+            require(bool(d.train), "config key 'data.train' must list at least one shard directory")
+            train_sequences, self.data_counts = load_sequences(d.train, d.max_seq_len)
         else:
-            train_sequences = [to_pair(ids, mask, d["max_seq_len"]) for ids, mask in train_sequences]
+            train_sequences = [to_pair(ids, mask, d.max_seq_len) for ids, mask in train_sequences]
             self.data_counts = {"records": len(train_sequences)}
-        if eval_sequences is None and d["eval"]:
-            eval_sequences, _ = load_sequences(d["eval"], d["max_seq_len"])
-        self.eval_sequences = [to_pair(i, m, d["max_seq_len"]) for i, m in (eval_sequences or [])]
-        self.eval_sequences = self.eval_sequences[:d["max_eval_sequences"]]
-        per_step = self.dist.world * t["grad_accum"]
-        require(t["batch_size"] % per_step == 0,
-                f"config key 'train.batch_size'={t['batch_size']} must be a multiple of world size x grad_accum "
-                f"= {self.dist.world} x {t['grad_accum']}")
-        self.order = SequenceOrder(train_sequences, t["batch_size"], t["seed"])
-        self.total_steps = t["steps"] or max(1, int(t["epochs"] * self.order.steps_per_epoch))
+        if eval_sequences is None and d.eval:
+            eval_sequences, _ = load_sequences(d.eval, d.max_seq_len)
+        self.eval_sequences = [to_pair(i, m, d.max_seq_len) for i, m in (eval_sequences or [])]
+        self.eval_sequences = self.eval_sequences[:d.max_eval_sequences]
+        per_step = self.dist.world * t.grad_accum
+        require(t.batch_size % per_step == 0,
+                f"config key 'train.batch_size'={t.batch_size} must be a multiple of world size x grad_accum "
+                f"= {self.dist.world} x {t.grad_accum}")
+        self.order = SequenceOrder(train_sequences, t.batch_size, t.seed)
+        self.total_steps = t.steps or max(1, int(t.epochs * self.order.steps_per_epoch))
 
         loss = cfg.loss
-        self.module = DraftTrainStep(self.draft, cfg.resolved_gamma(), loss["selector_weight"],
-                                     loss["selector_grad_to_backbone"], loss["logits_chunk"]).to(device)
-        self.wrapped = self.dist.wrap(self.module, t["parallel"])
+        self.module = DraftTrainStep(self.draft, cfg.resolved_gamma(), loss.selector_weight,
+                                     loss.selector_grad_to_backbone, loss.logits_chunk).to(device)
+        self.wrapped = self.dist.wrap(self.module, t.parallel)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
-        self.clip_groups = clip_groups(self.module, separate_selector=cfg.optim["clip_selector_separately"]
-                                       and not loss["selector_grad_to_backbone"])
+        self.clip_groups = clip_groups(self.module, separate_selector=cfg.optim.clip_selector_separately
+                                       and not loss.selector_grad_to_backbone)
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(self.params, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
-                                           weight_decay=o["weight_decay"])
+        self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=o.betas, eps=o.eps,
+                                           weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, self.total_steps, o["warmup_fraction"], o["min_lr_ratio"]))
+            self.optimizer, lambda s: lr_factor(s, self.total_steps, o.warmup_fraction, o.min_lr_ratio))
         self.step = 0
         self.tokens_seen = 0
-        self.run_dir = Path(t["output_dir"])
+        self.run_dir = Path(t.output_dir)
         self.log = MetricsLog(self.run_dir / "metrics.jsonl")
 
     # ------------------------------------------------------------------ pieces
@@ -136,14 +136,17 @@ class Trainer:
 
     def _batch(self, examples):
         c = self.draft.config
-        return build_batch(examples, block_size=c.block_size, num_anchors=self.cfg.loss["num_anchors"],
-                           mask_token_id=c.mask_token_id, window=c.sliding_window, seed=self.cfg.train["seed"])
+        return build_batch(examples, block_size=c.block_size, num_anchors=self.cfg.loss.num_anchors,
+                           mask_token_id=c.mask_token_id, window=c.sliding_window, seed=self.cfg.train.seed)
 
-    def train_step(self) -> tuple[dict, dict[str, float]]:
+    def _zero_stats(self) -> LossStats:
+        return LossStats.zeros(self.draft.config.block_size - 1, self.dist.device)
+
+    def train_step(self) -> tuple[LossStats, dict[str, float]]:
         """One optimiser step; returns (this rank's stat sums, {"grad_norm": backbone norm before
         clipping[, "grad_norm_selector": ...]})."""
         world = self.dist.world
-        micro = self.order.shard(self.step, self.dist.rank, world, self.cfg.train["grad_accum"])
+        micro = self.order.shard(self.step, self.dist.rank, world, self.cfg.train.grad_accum)
         batches = [self._batch(examples) for examples in micro]
         totals = torch.tensor([sum(float(label_weights(b, self.module.weights).sum()) for b in batches),
                                sum(b.num_tokens for b in batches)], dtype=torch.float64, device=self.dist.device)
@@ -151,7 +154,7 @@ class Trainer:
         normaliser = max(float(totals[0]), 1e-6)
         self.tokens_seen += int(totals[1])
         self.optimizer.zero_grad(set_to_none=True)
-        stats = None
+        stats = self._zero_stats()
         for i, batch in enumerate(batches):
             batch = batch.to(self.dist.device)
             with self._autocast():
@@ -160,8 +163,8 @@ class Trainer:
                 with self._autocast():
                     loss, step_stats = self.wrapped(features, batch, normaliser)
                 (loss * world).backward()
-            stats = add_stats(stats, step_stats)
-        clip = self.cfg.optim["grad_clip"] or float("inf")
+            stats = stats + step_stats
+        clip = self.cfg.optim.grad_clip or float("inf")
         norms = {}
         for name, group in self.clip_groups.items():
             norm = torch.nn.utils.clip_grad_norm_(group, clip)
@@ -171,12 +174,9 @@ class Trainer:
         self.step += 1
         return stats, norms
 
-    def _reduce(self, stats: dict) -> dict:
-        flat = self.dist.all_reduce_sum(pack_stats(stats).to(self.dist.device))
-        return unpack_stats(flat.cpu(), self.draft.config.block_size)
-
-    def _summary(self, stats: dict) -> dict:
-        return summarise(stats, self.cfg.loss["selector_weight"], self.draft.config.use_selector)
+    def _summary(self, stats: LossStats) -> dict:
+        """Metrics of `stats` summed over all ranks."""
+        return stats.reduced(self.dist).summary(self.cfg.loss.selector_weight, self.draft.config.use_selector)
 
     @torch.no_grad()
     def evaluate(self) -> dict | None:
@@ -186,35 +186,35 @@ class Trainer:
         world, rank = self.dist.world, self.dist.rank
         usable = len(self.eval_sequences) // world * world
         mine = list(range(rank, usable, world))
-        size = max(1, self.cfg.train["batch_size"] // (world * self.cfg.train["grad_accum"]))
-        stats = None
+        size = max(1, self.cfg.train.batch_size // (world * self.cfg.train.grad_accum))
+        stats = self._zero_stats()
         for start in range(0, len(mine), size):
             examples = [Example(*self.eval_sequences[i], key=(-1, i), index=-1 - i) for i in mine[start:start + size]]
             batch = self._batch(examples).to(self.dist.device)
             with self._autocast():
                 features = self.adapter.features(batch.input_ids, batch.attention_mask)[1]
                 _, batch_stats = self.module(features, batch, 1.0)
-            stats = add_stats(stats, batch_stats)
-        return self._summary(self._reduce(stats)) if stats is not None else None
+            stats = stats + batch_stats
+        return self._summary(stats) if mine else None
 
     # ------------------------------------------------------------------ checkpoints
     def _trainer_state(self) -> dict:
         return {"scheduler": self.scheduler.state_dict(), "tokens_seen": self.tokens_seen,
-                "samples_seen": self.step * self.cfg.train["batch_size"], "rng": ckpt.rng_state(),
+                "samples_seen": self.step * self.cfg.train.batch_size, "rng": ckpt.rng_state(),
                 "config": self.cfg.to_dict(), "world_size": self.dist.world}
 
     def save(self) -> None:
-        draft_state, optim_state = ckpt.gather_state(self.wrapped, self.optimizer, self.cfg.train["parallel"])
+        draft_state, optim_state = ckpt.gather_state(self.wrapped, self.optimizer, self.cfg.train.parallel)
         if self.dist.is_main:
             ckpt.save_checkpoint(self.run_dir, self.step, draft_state, optim_state, self._trainer_state(),
-                                 self.draft.config, self.cfg.train["keep_checkpoints"])
+                                 self.draft.config, self.cfg.train.keep_checkpoints)
             plot_curves(self.log.path, self.run_dir / "curves.png")
         self.dist.barrier()
 
     def resume(self) -> Path:
         path, draft_state, state = ckpt.load_latest(self.run_dir)
         _check_same_config(state["config"], self.cfg.to_dict())
-        ckpt.restore_state(self.wrapped, self.optimizer, draft_state, state["optimizer"], self.cfg.train["parallel"])
+        ckpt.restore_state(self.wrapped, self.optimizer, draft_state, state["optimizer"], self.cfg.train.parallel)
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         ckpt.set_rng_state(state["rng"])
@@ -224,10 +224,10 @@ class Trainer:
         return path
 
     def export(self) -> dict:
-        draft_state, _ = ckpt.gather_state(self.wrapped, self.optimizer, self.cfg.train["parallel"])
+        draft_state, _ = ckpt.gather_state(self.wrapped, self.optimizer, self.cfg.train.parallel)
         out = {}
         if self.dist.is_main:
-            dtype = torch.bfloat16 if self.cfg.train["save_dtype"] == "bf16" else torch.float32
+            dtype = torch.bfloat16 if self.cfg.train.save_dtype == "bf16" else torch.float32
             size = ckpt.export_draft(draft_state, self.draft.config, self.run_dir / "final", dtype)
             out = {"final_dir": str(self.run_dir / "final"), "final_bytes": size}
         self.dist.barrier()
@@ -244,29 +244,29 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             with atomic_write(self.run_dir / "train_config.yaml", "w") as handle:
                 yaml.safe_dump(self.cfg.to_dict(), handle, sort_keys=False)
-        bar = _progress(self.total_steps, self.step, self.dist.is_main and t["progress"])
-        interval, interval_tokens, clock = None, self.tokens_seen, time.perf_counter()
+        bar = _progress(self.total_steps, self.step, self.dist.is_main and t.progress)
+        interval, interval_tokens, clock = self._zero_stats(), self.tokens_seen, time.perf_counter()
         last = {}
         while self.step < end:
             stats, grad_norms = self.train_step()
-            interval = add_stats(interval, stats)
+            interval = interval + stats
             bar.update(1)
             final = self.step == self.total_steps
-            if self.step % t["log_every"] == 0 or final:
+            if self.step % t.log_every == 0 or final:
                 now = time.perf_counter()
                 last = {"split": "train", "step": self.step, "epoch": round(self.step / self.order.steps_per_epoch, 4),
                         "tokens": self.tokens_seen, "lr": self.scheduler.get_last_lr()[0], **grad_norms,
                         "tokens_per_s": (self.tokens_seen - interval_tokens) / max(now - clock, 1e-9),
-                        **self._summary(self._reduce(interval))}
-                interval, interval_tokens, clock = None, self.tokens_seen, now
+                        **self._summary(interval)}
+                interval, interval_tokens, clock = self._zero_stats(), self.tokens_seen, now
                 bar.set_postfix(loss=f"{last['loss']:.3f}", tau=f"{last['tau']:.2f}",
                                 tok_s=f"{last['tokens_per_s']:.0f}")
                 self._log(last)
-            if (t["eval_every"] and self.step % t["eval_every"] == 0) or (final and self.eval_sequences):
+            if (t.eval_every and self.step % t.eval_every == 0) or (final and self.eval_sequences):
                 metrics = self.evaluate()
                 if metrics is not None:
                     self._log({"split": "eval", "step": self.step, "tokens": self.tokens_seen, **metrics})
-            if (t["checkpoint_every"] and self.step % t["checkpoint_every"] == 0) or self.step == end:
+            if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or self.step == end:
                 self.save()
         bar.close()
         summary = {"steps": self.step, "tokens": self.tokens_seen, "parameters": self.draft.num_parameters(),
@@ -312,16 +312,31 @@ def _check_same_config(saved: dict, current: dict) -> None:
                                    f"with {trained_with!r}")
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass(frozen=True)
+class TrainCommand:
+    """`dflash2 train CONFIG [section.key=value ...] [--resume]`, options and overrides in any order."""
+
+    config: str
+    overrides: tuple[str, ...]
+    resume: bool
+
+
+def parse_command(argv: list[str] | None = None) -> TrainCommand:
     parser = argparse.ArgumentParser(prog="dflash2 train", description="Train a DFlash2 / DFlash draft for a target.")
     parser.add_argument("config", help="YAML training config (see configs/)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=100 draft.use_selector=false")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in train.output_dir")
-    args = parser.parse_args(argv)
-    cfg = load_config(args.config, args.overrides)
+    # intermixed: `CONFIG --resume train.steps=540` too (plain parse_args stops the overrides at --resume)
+    args = parser.parse_intermixed_args(argv)
+    return TrainCommand(args.config, tuple(args.overrides), args.resume)
+
+
+def main(argv: list[str] | None = None) -> int:
+    command = parse_command(argv)
+    cfg = load_config(command.config, list(command.overrides))
     trainer = Trainer(cfg)
     try:
-        summary = trainer.train(resume=args.resume)
+        summary = trainer.train(resume=command.resume)
     finally:
         trainer.close()
     if trainer.dist.is_main:
