@@ -1,5 +1,7 @@
-"""`model.mask.block_visibility` is the decoding-time rule: it reproduces `DraftProposer._block_mask`
-exactly on the proposer's own cache states (left-padded prefills, ragged appends, any window)."""
+"""`model.mask.block_visibility` is the decoding-time rule: on the proposer's own cache states
+(left-padded prefills, ragged appends, any window) it equals the rule the proposer applied before it
+moved to the shared function, written out here as the reference: every valid cached context slot
+inside the window of the query position, and the block itself."""
 from __future__ import annotations
 
 import pytest
@@ -25,7 +27,7 @@ def _random_proposer(draft, window, g: torch.Generator) -> tuple[DraftProposer, 
     width = int(lengths.max())
     mask = (torch.arange(width)[None, :] >= width - lengths[:, None]).long()          # [b, L] left padding
     features = torch.randn(rows, width, draft.fc.in_features, generator=g)
-    proposer.start(features, mask)
+    proposer.add_rows(features, mask)
     next_position = lengths.clone()
     for _ in range(int(torch.randint(0, 4, (1,), generator=g))):
         q = int(torch.randint(1, 5, (1,), generator=g))
@@ -35,13 +37,23 @@ def _random_proposer(draft, window, g: torch.Generator) -> tuple[DraftProposer, 
     return proposer, next_position
 
 
+def reference_mask(proposer: DraftProposer, block_positions: torch.Tensor, window) -> torch.Tensor:
+    """[b, 1, B, S + B]: the cache holds only context before the anchor, so validity and the window
+    are all there is to check."""
+    ctx = proposer.valid[:, None, :].expand(-1, block_positions.shape[1], -1)              # [b, B, S]
+    if window:
+        ctx = ctx & (block_positions[:, :, None] - proposer.positions[:, None, :] < window)
+    block = torch.ones(*block_positions.shape, block_positions.shape[1], dtype=torch.bool)
+    return torch.cat([ctx, block], dim=-1)[:, None]
+
+
 @pytest.mark.parametrize("window", [None, 0, 1, 3, 7, 64])
 def test_reproduces_the_proposer_mask(draft, window):
     g = torch.Generator().manual_seed(0 if window is None else window + 1)
     for _ in range(20):
         proposer, start = _random_proposer(draft, window, g)
         block_positions = start[:, None] + torch.arange(4)                              # [b, B]
-        expected = proposer._block_mask(block_positions)
+        expected = reference_mask(proposer, block_positions, window)
         got = block_visibility(block_positions[:, None], proposer.positions, window, proposer.valid)
         assert got.dtype == torch.bool and torch.equal(got, expected)
 

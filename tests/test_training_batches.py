@@ -99,8 +99,8 @@ def test_packed_blocks_equal_single_inference_blocks(use_conv):
         packed = draft.forward_blocks(batch.block_ids, batch.block_positions, context, batch.attn_mask)
         for j, anchor in enumerate(batch.anchors[0].tolist()):
             proposer = DraftProposer(draft)
-            proposer.start(features[:, :anchor], torch.ones(1, anchor, dtype=torch.long))
+            proposer.add_rows(features[:, :anchor], torch.ones(1, anchor, dtype=torch.long))
             positions = batch.block_positions[:, j:j + 1]
-            single = draft.forward_blocks(batch.block_ids[:, j:j + 1], positions, proposer.kv,
-                                          proposer._block_mask(positions[:, 0]))
+            visible = block_visibility(positions, proposer.positions, draft.config.sliding_window, proposer.valid)
+            single = draft.forward_blocks(batch.block_ids[:, j:j + 1], positions, proposer.kv, visible)
             torch.testing.assert_close(packed[:, j], single[:, 0], atol=1e-5, rtol=1e-5)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from dflash2.decoding.acceptance import dense_q
 from dflash2.model.draft import DFlash2DraftModel
+from dflash2.model.mask import block_visibility
 from dflash2.decoding.ragged import right_align
 from dflash2.decoding.timing import Stopwatch
 from dflash2.rng import DRAFT, sample_from, uniforms
@@ -96,17 +97,6 @@ class DraftProposer:
         self.kv = [(k[rows], v[rows]) for k, v in self.kv]
         self.positions, self.valid = self.positions[rows], self.valid[rows]
 
-    def _block_mask(self, block_positions: torch.Tensor) -> torch.Tensor:
-        """[b, 1, B, S + B]: context strictly before the anchor and inside the window; the block
-        sees itself bidirectionally."""
-        ctx = self.valid[:, None, :].expand(-1, block_positions.shape[1], -1)                # [b, B, S]
-        if self.window:
-            distance = block_positions[:, :, None] - self.positions[:, None, :]
-            ctx = ctx & (distance < self.window)
-        block = torch.ones(*block_positions.shape, block_positions.shape[1], dtype=torch.bool,
-                           device=ctx.device)
-        return torch.cat([ctx, block], dim=-1)[:, None]
-
     def propose(self, anchors: torch.Tensor, start_positions: torch.Tensor, block_size: int,
                 temperature: torch.Tensor | float = 0.0, seeds: torch.Tensor | None = None) -> Proposal:
         draft = self.draft
@@ -120,7 +110,7 @@ class DraftProposer:
             block_ids = torch.full((b, 1, block_size), mask_token, dtype=torch.long, device=anchors.device)
             block_ids[:, 0, 0] = anchors
             positions = start_positions[:, None, None] + torch.arange(block_size, device=anchors.device)  # [b, 1, B]
-            hidden = draft.forward_blocks(block_ids, positions, self.kv, self._block_mask(positions[:, 0]))
+            hidden = draft.forward_blocks(block_ids, positions, self.kv, block_visibility(positions, self.positions, self.window, self.valid))
             hidden = hidden[:, 0, 1:]                                             # [b, T, H] positions 1..B-1
             logits = draft.logits(hidden)                                          # [b, T, V]
         u = uniforms(seeds, positions[:, 0, 1:], DRAFT) if sampling else None      # [b, T]

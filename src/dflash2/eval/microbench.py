@@ -92,11 +92,11 @@ def run(target: str, draft: str | None, repeats: int, device: str, dtype: str, n
     # The same draft in fp32, side by side (the draft dtype cannot change the output).
     draft_dtype = decoder.draft.fc.weight.dtype
     if draft_dtype != torch.float32:
-        decoder.draft.float().bind_target(adapter.embed_weight(), adapter.lm_head_weight())
+        decoder.draft.float()
         fp32 = DraftProposer(decoder.draft, Stopwatch(device))
         fp32.add_rows(features, adapter.mask)
         results["draft_forward_fp32_ms"] = 1000 * phase_medians(propose(fp32), repeats, fp32.stopwatch)["draft"]
-        decoder.draft.to(draft_dtype).bind_target(adapter.embed_weight(), adapter.lm_head_weight())
+        decoder.draft.to(draft_dtype)
     feats8 = torch.randn(1, block, features.shape[-1], device=adapter.device, dtype=features.dtype)
 
     def context_append():

@@ -69,7 +69,7 @@ def bench_arm(arm_dir: Path, temperature: str, args) -> dict:
     prompts = args.t1_num_prompts if temperature == "t1" and args.t1_num_prompts else args.num_prompts
     argv = ["--target", args.target, "--draft", str(arm_dir / "final"), "--datasets", args.datasets,
             "--num-prompts", str(prompts), "--max-new-tokens", str(args.max_new_tokens),
-            "--concurrency", str(args.concurrency), "--no-baseline", "--output", str(out), "--seed", "0",
+            "--concurrency", str(args.concurrency), "--no-baseline", "--speculate", "always", "--output", str(out), "--seed", "0",
             *TEMPERATURES[temperature]]
     bench_args = bench.parse_args(argv)
     return bench.run_bench(build_pipeline(bench_args), bench_args)
