@@ -7,6 +7,7 @@ import torch
 from conftest import MODES, OracleDecoder, with_speculation
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.target import TargetAdapter
+from dflash2.targets.tiny import tiny_draft
 
 NUM_PROMPTS = 32
 NEW_TOKENS = 24
@@ -160,3 +161,17 @@ def test_cancelled_request_leaves_the_others_intact(tiny_models):
             break
     assert outputs[keys[0]] == expected[0] and outputs[keys[2]] == expected[2]
     assert len(outputs[keys[1]]) < NEW_TOKENS
+
+
+@pytest.mark.parametrize("mode", ["always", "random"])
+@pytest.mark.parametrize("use_selector", [True, False])
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_reduced_vocabulary_draft_matches_target_greedy(tiny_models, family, use_selector, mode):
+    """A draft that can only propose 40 of the 128 tokens: it misses whatever lies outside, the
+    output is still the target's."""
+    target, _ = tiny_models[family]
+    prompts, expected = reference(family, target)
+    draft = tiny_draft(target, draft_vocab_size=40, use_selector=use_selector, seed=3).to(target.device)
+    decoder = with_speculation(SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft), mode)
+    results = run_batched(decoder, prompts, GenerationConfig(max_new_tokens=NEW_TOKENS), 4)
+    assert [r.tokens for r in results] == expected

@@ -121,6 +121,18 @@ def test_speculative_sampling_matches_target_distribution(models, setting, mode)
     assert pvalue > ALPHA, f"sampled distribution differs from the target's (p = {pvalue:.2e})"
 
 
+@pytest.mark.parametrize("use_selector", [True, False])
+def test_reduced_vocabulary_draft_sampling_matches_target_distribution(models, use_selector):
+    """The draft proposes only 5 of the 8 tokens (q is 0 elsewhere): the residual rule covers the
+    rest exactly."""
+    target, _ = models
+    draft = tiny_draft(target, block_size=4, top_k=4, seed=4, draft_vocab_size=5,
+                       use_selector=use_selector).to(target.device)
+    setting = SETTINGS[0]
+    pvalue = chi_square_pvalue(sample_triples(target, draft, setting, mode="random"), exact_joint(target, setting))
+    assert pvalue > ALPHA, f"sampled distribution differs from the target's (p = {pvalue:.2e})"
+
+
 def test_autoregressive_sampling_matches_target_distribution(models):
     target, _ = models
     setting = SETTINGS[2]

@@ -43,13 +43,37 @@ def test_feature_cache_matches_online_features(tmp_path):
     seqs = synthetic_sequences(3)
     examples = [Example(ids, m, key=(0, i), index=i) for i, (ids, m) in enumerate(seqs)]
     batch = build_batch(examples, block_size=4, num_anchors=4, mask_token_id=127, window=None, seed=0)
-    online = FeatureSource(adapter)(batch)
+    online = FeatureSource(adapter)(batch).features
     cached = FeatureSource(adapter, tmp_path, "tag")
-    first, second = cached(batch), cached(batch)
+    first, second = cached(batch).features, cached(batch).features
     assert cached.misses == 3 and cached.hits == 3
     real = batch.attention_mask.bool()
     torch.testing.assert_close(first[real], online[real], atol=1e-5, rtol=1e-5)
     assert torch.equal(first[real], second[real])
     _, padded = adapter.features(batch.input_ids, batch.attention_mask)    # one right-padded batch pass
     torch.testing.assert_close(online[real], padded[real], atol=1e-5, rtol=1e-5)
+    adapter.close()
+
+
+def test_cached_target_predictions_match_the_target(tmp_path):
+    """With top_k, the source also returns the target's own top-k next-token logits per position,
+    cached like the features and keyed by the tokens: a reordered dataset still hits its entries."""
+    target = tiny_target("llama")
+    adapter = TargetAdapter(target, [1, 3])
+    seqs = synthetic_sequences(3)
+    examples = [Example(ids, m, key=(0, i), index=i) for i, (ids, m) in enumerate(seqs)]
+    batch = build_batch(examples, block_size=4, num_anchors=4, mask_token_id=127, window=None, seed=0)
+    source = FeatureSource(adapter, tmp_path, "tag-k", top_k=5)
+    signals = source(batch)
+    for r, (ids, _) in enumerate(seqs):
+        with torch.no_grad():
+            logits = target(input_ids=torch.as_tensor(ids)[None].long()).logits[0].float()
+        top = logits.topk(5, dim=-1)
+        n = len(ids)
+        torch.testing.assert_close(signals.top_logits[r, :n], top.values, atol=1e-4, rtol=1e-4)
+        assert torch.equal(signals.top_ids[r, :n], top.indices)
+    shuffled = [Example(e.input_ids, e.loss_mask, key=e.key, index=10 + i) for i, e in enumerate(reversed(examples))]
+    again = source(build_batch(shuffled, block_size=4, num_anchors=4, mask_token_id=127, window=None, seed=0))
+    assert source.hits == 3 and source.misses == 3
+    assert torch.equal(again.top_ids[0, :len(seqs[2][0])], signals.top_ids[2, :len(seqs[2][0])])
     adapter.close()

@@ -99,7 +99,7 @@ def test_one_step_lowers_the_loss(tmp_path):
     trainer = Trainer(cfg, target_model=tiny_target("llama"), train_sequences=synthetic_sequences(8))
     examples = trainer.order.shard(0, 0, 1, 1)[0]
     batch = trainer._batch(examples).to(trainer.dist.device)
-    features = trainer.features(batch)
+    features = trainer.features(batch).features
 
     def loss_now():
         with torch.no_grad():

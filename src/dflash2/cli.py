@@ -26,6 +26,7 @@ _DELEGATED = {
     "ablation": ("dflash2.training.ablation", "equal-budget ablation: DFlash v1, +selector, +convs, DFlash2"),
     "bench": ("dflash2.eval.bench", "benchmark acceptance length, speed and losslessness"),
     "analyze": ("dflash2.eval.analyze", "analyse a draft: recall, oracle selector, suffix decay"),
+    "yardstick": ("dflash2.eval.yardstick", "real acceptance length of drafts on a fixed held-out + benchmark set"),
     "export": ("dflash2.export.cli", "export a draft for vLLM, SGLang, MLX dflash or llama.cpp (GGUF)"),
 }
 

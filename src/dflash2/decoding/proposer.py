@@ -112,20 +112,25 @@ class DraftProposer:
             positions = start_positions[:, None, None] + torch.arange(block_size, device=anchors.device)  # [b, 1, B]
             hidden = draft.forward_blocks(block_ids, positions, self.kv, block_visibility(positions, self.positions, self.window, self.valid))
             hidden = hidden[:, 0, 1:]                                             # [b, T, H] positions 1..B-1
-            logits = draft.logits(hidden)                                          # [b, T, V]
+            logits = draft.logits(hidden)                                          # [b, T, Vd] draft vocabulary
         u = uniforms(seeds, positions[:, 0, 1:], DRAFT) if sampling else None      # [b, T]
         with torch.inference_mode(), self.stopwatch("selector"):
+            vocab = draft.config.vocab_size
             selector = draft.selector
             if selector is not None:
-                cand_logits, cand_ids = logits.topk(min(selector.top_k, logits.shape[-1]), dim=-1)
+                cand_logits, cand = logits.topk(min(selector.top_k, logits.shape[-1]), dim=-1)
+                cand_ids = draft.draft_to_target(cand)                              # [b, T, K] target ids
                 scores = selector.pair_scores(hidden, anchors, cand_ids, cand_logits)
                 path = selector.walk(scores, cand_ids, temperature, u)
-                q = None if path.q is None else dense_q(cand_ids, path.q, logits.shape[-1])
+                q = None if path.q is None else dense_q(cand_ids, path.q, vocab)
                 return Proposal(path.tokens, q, path.confidence)
             scale = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None, None]
-            q = torch.softmax(logits / scale, dim=-1)                              # [b, T, V]
-            tokens = logits.argmax(dim=-1)
+            q = torch.softmax(logits / scale, dim=-1)                              # [b, T, Vd]
+            picks = logits.argmax(dim=-1)
             if sampling:
-                tokens = torch.where(greedy[:, None], tokens, sample_from(q, u))
-            confidence = q.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-            return Proposal(tokens, q if sampling else None, confidence)
+                picks = torch.where(greedy[:, None], picks, sample_from(q, u))
+            confidence = q.gather(-1, picks.unsqueeze(-1)).squeeze(-1)
+            if sampling and draft.reduced_vocabulary:  # q over the target's vocabulary, 0 off the draft's
+                q = torch.zeros(*q.shape[:-1], vocab, dtype=q.dtype, device=q.device).index_copy_(
+                    -1, draft.draft_token_ids(), q)
+            return Proposal(draft.draft_to_target(picks), q if sampling else None, confidence)

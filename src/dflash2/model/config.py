@@ -66,6 +66,9 @@ class DFlash2Config:
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
+    # A reduced draft vocabulary (frequency-ranked subset of the target's, mapped by the d2t / t2d
+    # buffers in the checkpoint, EAGLE-3 style); None: the full vocabulary, the published format.
+    draft_vocab_size: int | None = None
     extra: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -83,6 +86,11 @@ class DFlash2Config:
     @property
     def architecture(self) -> str:
         return DFLASH2_ARCH if self.is_dflash2 else DFLASH_V1_ARCH
+
+    @property
+    def output_vocab_size(self) -> int:
+        """Size of the draft's LM-head output: the draft vocabulary when reduced, else the target's."""
+        return self.draft_vocab_size or self.vocab_size
 
     @property
     def num_taps(self) -> int:
@@ -122,6 +130,13 @@ class DFlash2Config:
                     f"dflash_config field 'selector_top_k'={self.selector_top_k} must be in [1, vocab_size]")
         if self.final_logit_softcapping is not None:
             require(self.final_logit_softcapping > 0, "dflash_config field 'final_logit_softcapping' must be positive")
+        if self.draft_vocab_size is not None:
+            require(isinstance(self.draft_vocab_size, int) and 1 <= self.draft_vocab_size <= self.vocab_size,
+                    f"dflash_config field 'draft_vocab_size'={self.draft_vocab_size!r} must be in [1, vocab_size="
+                    f"{self.vocab_size}]")
+            require(not self.use_selector or self.selector_top_k <= self.draft_vocab_size,
+                    f"dflash_config field 'selector_top_k'={self.selector_top_k} exceeds draft_vocab_size="
+                    f"{self.draft_vocab_size}")
 
     def validate_against_target(self, target_config: Any) -> None:
         """Raise DFlash2Error unless this draft fits the Hugging Face `target_config`."""
@@ -185,6 +200,7 @@ class DFlash2Config:
             input_embedding_scale=float(dflash.pop("input_embedding_scale", 1.0) or 1.0),
             output_multiplier=float(dflash.pop("output_multiplier", 1.0) or 1.0),
             final_logit_softcapping=dflash.pop("final_logit_softcapping", None),
+            draft_vocab_size=dflash.pop("draft_vocab_size", None),
         )
         num_target_layers = data.pop("num_target_layers", None)
         require(num_target_layers is not None, "config missing required field 'num_target_layers'")
@@ -218,6 +234,8 @@ class DFlash2Config:
             dflash["output_multiplier"] = self.output_multiplier
         if self.final_logit_softcapping is not None:
             dflash["final_logit_softcapping"] = self.final_logit_softcapping
+        if self.draft_vocab_size is not None:
+            dflash["draft_vocab_size"] = self.draft_vocab_size
         dflash.update(self.extra.get("dflash", {}))
         out = {
             "architectures": [self.architecture],
@@ -279,6 +297,7 @@ class DFlash2Config:
             rope_theta=float(rope_theta),
             max_position_embeddings=getattr(text, "max_position_embeddings", 32768),
             sliding_window=shape.sliding_window,
+            draft_vocab_size=shape.draft_vocab_size,
             use_conv=shape.use_conv,
             use_selector=shape.use_selector,
             selector_rank=shape.selector_rank,

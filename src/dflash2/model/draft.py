@@ -156,6 +156,12 @@ class DFlash2DraftModel(nn.Module):
             self.candidate_selector = CandidateSelector(config.vocab_size, h, config.selector_rank, config.selector_top_k)
         self.register_buffer("embed_weight", None, persistent=False)      # [V, H], bound by bind_target
         self.register_buffer("lm_head_weight", None, persistent=False)   # [V, H]
+        if config.draft_vocab_size is not None:
+            # EAGLE-3 layout: draft id i is target id i + d2t[i]; t2d marks the target ids kept.
+            # Identity until `set_draft_vocabulary` (training) or a checkpoint fills them.
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.arange(config.vocab_size) < config.draft_vocab_size)
+        self.register_buffer("draft_head", None, persistent=False)       # [Vd, H] rows of lm_head_weight
         self._borrowed: _Borrowed | None = None
         self.conv_enabled = True  # analysis switch: run a DFlash2 draft with its convolutions off
 
@@ -175,6 +181,49 @@ class DFlash2DraftModel(nn.Module):
         embed = embed_weight.detach().to(dtype)
         self.embed_weight = embed
         self.lm_head_weight = embed if self._borrowed.tied else lm_head_weight.detach().to(dtype)
+        self._slice_head()
+
+    # ------------------------------------------------------------------ draft vocabulary
+    @property
+    def reduced_vocabulary(self) -> bool:
+        return self.config.draft_vocab_size is not None
+
+    def draft_token_ids(self) -> torch.Tensor:
+        """[Vd] the target ids of the draft vocabulary, ascending (all ids when not reduced)."""
+        if not self.reduced_vocabulary:
+            return torch.arange(self.config.vocab_size, device=self.fc.weight.device)
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def set_draft_vocabulary(self, target_ids: torch.Tensor) -> None:
+        """Choose the draft vocabulary: `config.draft_vocab_size` distinct target ids."""
+        ids = torch.unique(torch.as_tensor(target_ids, dtype=torch.long))            # sorted
+        require(self.reduced_vocabulary and ids.numel() == self.config.draft_vocab_size,
+                f"a draft vocabulary of {self.config.draft_vocab_size} ids is needed, got {ids.numel()}")
+        require(int(ids[0]) >= 0 and int(ids[-1]) < self.config.vocab_size, "draft vocabulary ids outside the target's")
+        self.d2t.copy_(ids.to(self.d2t.device) - torch.arange(ids.numel(), device=self.d2t.device))
+        self.t2d.zero_()
+        self.t2d[ids.to(self.t2d.device)] = True
+        self._slice_head()
+
+    def target_to_draft(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target ids -> draft ids, -1 for ids outside the draft vocabulary (identity when full)."""
+        if not self.reduced_vocabulary:
+            return ids
+        index = self.t2d.long().cumsum(0) - 1                                         # [V]
+        return torch.where(self.t2d[ids], index[ids], torch.full_like(ids, -1))
+
+    def draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids (positions in the LM-head output) -> target ids."""
+        return ids + self.d2t[ids] if self.reduced_vocabulary else ids
+
+    def _slice_head(self) -> None:
+        if self.reduced_vocabulary and self.lm_head_weight is not None:
+            self.draft_head = self.lm_head_weight[self.draft_token_ids().to(self.lm_head_weight.device)]
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The LM head rows the draft scores: [Vd, H] (reduced vocabulary) or the target's [V, H]."""
+        return self.draft_head if self.reduced_vocabulary else self.lm_head_weight
 
     def _apply(self, fn, recurse: bool = True):
         """nn.Module's move / cast of every tensor, then the borrowed buffers point at the target's
@@ -204,10 +253,12 @@ class DFlash2DraftModel(nn.Module):
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H] -> logits [..., Vd] over the draft vocabulary (the target's whole vocabulary
+        unless reduced; map ids with `draft_to_target`)."""
         # 2-D input: F.linear on [..., T, H] with a broadcast weight falls into a much slower
         # batched matmul on CPU (BENCHMARKS.md section 1).
         flat = hidden.reshape(-1, hidden.shape[-1])
-        logits = F.linear(flat, self.lm_head_weight.to(hidden.dtype)).float().view(*hidden.shape[:-1], -1)
+        logits = F.linear(flat, self.head_weight.to(hidden.dtype)).float().view(*hidden.shape[:-1], -1)
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
@@ -241,7 +292,8 @@ class DFlash2DraftModel(nn.Module):
                     f"draft tensor '{name}' has shape {tuple(state[name].shape)}, config implies {tuple(tensor.shape)}")
         unexpected = [n for n in state if n not in expected and not n.startswith(("embed_tokens", "lm_head"))]
         require(not unexpected, f"draft checkpoint '{path}' has unexpected tensor '{unexpected[0]}'" if unexpected else "")
-        model.load_state_dict({n: state[n].to(dtype) for n in expected}, assign=True)
+        model.load_state_dict({n: state[n].to(dtype) if state[n].is_floating_point() else state[n]
+                               for n in expected}, assign=True)
         return model.to(device).eval()
 
     def num_parameters(self) -> int:

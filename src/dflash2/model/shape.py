@@ -3,7 +3,7 @@
 Contract:
 - `DraftShape` is a frozen dataclass of every choice that shapes a fresh draft for a target: layers,
   MLP width, attention shape, tapped target layers, block size, sliding window, the DFlash2 parts
-  (convolutions, selector) and their sizes. Its defaults are the published DFlash2 draft's
+  (convolutions, selector) and their sizes, and an optional reduced draft vocabulary. Its defaults are the published DFlash2 draft's
   (5 layers, block 8, window 2048, convs and selector on, selector rank 256 / top 16, conv groups
   of 16 channels). `None` means "take it from the target": the target's MLP width and attention
   shape; taps spread over the target's layers by the docs/spec.md §2.1 rule.
@@ -48,6 +48,7 @@ class DraftShape:
     selector_rank: int = 256
     selector_top_k: int = 16
     conv_group_size: int = 16
+    draft_vocab_size: int | None = None           # None: the target's whole vocabulary (the published format)
 
     def attention(self, text_config: Any) -> AttentionShape:
         """This shape's attention heads, KV heads and head size for a target's text config."""

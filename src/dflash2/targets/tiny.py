@@ -44,13 +44,17 @@ def tiny_target(family: str = "llama", vocab_size: int = 128, seed: int = 0, num
 
 
 def tiny_draft(target, *, block_size: int = 8, num_layers: int = 2, use_conv: bool = True,
-               use_selector: bool = True, seed: int = 0, top_k: int = 8) -> DFlash2DraftModel:
+               use_selector: bool = True, seed: int = 0, top_k: int = 8,
+               draft_vocab_size: int | None = None) -> DFlash2DraftModel:
     shape = DraftShape(num_layers=num_layers, num_taps=3, block_size=block_size, use_conv=use_conv,
                        use_selector=use_selector, selector_rank=16, selector_top_k=top_k, conv_group_size=16,
-                       sliding_window=64)
+                       sliding_window=64, draft_vocab_size=draft_vocab_size)
     draft = create_draft(target.config, shape, mask_token_id=target.config.vocab_size - 1, seed=seed)
     with torch.no_grad():
         for name, param in draft.named_parameters():
             if "base_kernel" in name or "kernel_projection" in name or "codebook" in name:
                 param.add_(0.1 * torch.randn_like(param))
+    if draft_vocab_size is not None:  # a random subset: some target tokens can never be drafted
+        generator = torch.Generator().manual_seed(seed + 1)
+        draft.set_draft_vocabulary(torch.randperm(target.config.vocab_size, generator=generator)[:draft_vocab_size])
     return draft.eval()

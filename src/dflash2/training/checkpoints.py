@@ -76,7 +76,8 @@ def export_draft(draft_state: dict, config: DFlash2Config, path: str | Path, dty
     """Write a `from_pretrained`-loadable draft; returns the size of its weights file in bytes."""
     with torch.device("meta"):
         model = DFlash2DraftModel(config)
-    model.load_state_dict({k: v.to(dtype) for k, v in draft_state.items()}, assign=True, strict=True)
+    model.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in draft_state.items()},
+                          assign=True, strict=True)
     model.save_pretrained(path)
     return (Path(path) / "model.safetensors").stat().st_size
 

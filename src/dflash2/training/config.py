@@ -122,6 +122,7 @@ class DataSection(_Section):
     max_seq_len: int = 3072
     max_eval_sequences: int = 256
     feature_cache_dir: str | None = None        # optional on-disk target-feature cache
+    exclude_holdout: bool = False               # leave out the held-out records (data/holdout.py), kept for the yardstick
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ class DraftSection(_Section, DraftShape):
         "block_size": Rule(lambda v: v >= 2, "an integer >= 2"), "sliding_window": _AT_LEAST_1,
         "selector_rank": _AT_LEAST_1, "selector_top_k": _AT_LEAST_1, "conv_group_size": _AT_LEAST_1,
         "mask_token_id": Rule(lambda v: v >= 0, "a token id >= 0"), "final_norm_init": _POSITIVE,
+        "draft_vocab_size": Rule(lambda v: v >= 2, "an integer >= 2 (or null: the target's vocabulary)"),
     }
     mask_token_id: int | None = None            # None: targets.chat.choose_mask_token
     final_norm_init: float = 0.1                # fresh drafts start near-uniform (model/factory.py)
@@ -149,12 +151,15 @@ class DraftSection(_Section, DraftShape):
 class LossSection(_Section):
     NAME = "loss"
     RULES = {"num_anchors": _AT_LEAST_1, "gamma": _POSITIVE, "selector_weight": _NON_NEGATIVE,
-             "logits_chunk": _AT_LEAST_1}
+             "logits_chunk": _AT_LEAST_1, "distill_weight": Rule(lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+             "distill_top_k": _AT_LEAST_1}
     num_anchors: int = 64                       # blocks per sequence
     gamma: float | None = None                  # position decay; None: see resolved_gamma
     selector_weight: float = 1.0
     selector_grad_to_backbone: bool = False
     logits_chunk: int = 256                     # positions per [chunk, vocab] logits slice
+    distill_weight: float = 0.0                 # share of the target's own distribution in the token loss
+    distill_top_k: int = 32                     # target logits kept per position for distillation
 
 
 @dataclass(frozen=True)
@@ -188,6 +193,7 @@ class TrainSection(_Section):
         "eval_every": Rule(lambda v: v >= 1, "a positive integer (or null)"),
         "checkpoint_every": Rule(lambda v: v >= 1, "a positive integer (or null)"),
         "keep_checkpoints": _AT_LEAST_1, "save_dtype": _one_of("fp32", "bf16"),
+        "max_cpu_seconds": Rule(lambda v: v > 0, "a positive number of seconds (or null)"),
     }
     steps: int | None = None                    # None: epochs x (sequences / batch_size)
     epochs: float = 1.0
@@ -204,6 +210,7 @@ class TrainSection(_Section):
     keep_checkpoints: int = 2
     save_dtype: str = "bf16"
     progress: bool = True
+    max_cpu_seconds: float | None = None        # stop (checkpoint, export) once this process used this much CPU
 
 
 # ---------------------------------------------------------------------------------------- the config

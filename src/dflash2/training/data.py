@@ -4,7 +4,8 @@ Contract:
 - The trainer's data interface is a list of `(input_ids, loss_mask)` pairs (1-D int / bool
   tensors or arrays; loss_mask True on the tokens to predict). `load_sequences(dirs, max_seq_len)`
   builds it from `dflash2.data.shards` directories (records = prompt + response, loss on the response),
-  truncating each to `max_seq_len` and dropping sequences with fewer than 2 supervised tokens.
+  truncating each to `max_seq_len` and dropping sequences with fewer than 2 supervised tokens;
+  with `exclude_holdout` the records of the held-out split (`dflash2.data.holdout`) are left out.
   Tokens are kept as int32, masks as bool (about 5 bytes per token in memory).
 - `SequenceOrder(num_sequences, global_batch, seed)` fixes which sequences every optimiser step
   uses: epoch e is a permutation drawn from a generator seeded by (seed, e); step s takes the
@@ -37,15 +38,20 @@ def to_pair(input_ids, loss_mask, max_seq_len: int | None = None) -> Pair:
     return ids, mask
 
 
-def load_sequences(dirs: Iterable[str | Path], max_seq_len: int) -> tuple[list[Pair], dict]:
+def load_sequences(dirs: Iterable[str | Path], max_seq_len: int,
+                   exclude_holdout: bool = False) -> tuple[list[Pair], dict]:
     """All records of the shard directories as (input_ids, loss_mask) pairs, plus counts."""
+    from dflash2.data.holdout import is_held_out
     from dflash2.data.shards import read_records
 
     pairs: list[Pair] = []
-    counts = {"records": 0, "dropped": 0, "tokens": 0, "supervised_tokens": 0, "truncated": 0}
+    counts = {"records": 0, "dropped": 0, "tokens": 0, "supervised_tokens": 0, "truncated": 0, "held_out": 0}
     for directory in dirs:
         require(Path(directory).is_dir(), f"config key 'data.train' / 'data.eval': '{directory}' is not a directory")
         for record in read_records(directory):
+            if exclude_holdout and is_held_out(record.id):
+                counts["held_out"] += 1
+                continue
             counts["records"] += 1
             tokens = record.tokens
             if tokens.size > max_seq_len:

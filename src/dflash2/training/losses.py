@@ -5,11 +5,17 @@ Contract:
   (gamma = inf gives all ones).
 - `block_losses(draft, hidden, batch, ...)` takes the draft's final-norm hidden states
   [b, N, B, H] of a packed batch and returns `(loss, stats)`:
-    loss  = (sum_p w_p * CE_p  +  selector_weight * sum_p w_p * SelCE_p) / normaliser
+    loss  = (sum_p w_p * L_p  +  selector_weight * sum_p w_p * SelCE_p) / normaliser
   over the supervised block positions p (k = 1..B-1 of real blocks). `normaliser` is the caller's
   sum of w_p over the WHOLE optimiser step (all micro-batches, all ranks), so gradient accumulation
   and data parallelism reproduce the single-batch loss exactly.
-  CE_p is the full-vocabulary cross-entropy of the draft logits against the true token.
+  L_p is the cross-entropy of the draft logits (over the draft's vocabulary: the target's, or a
+  reduced one) against the mixed target (1 - distill_weight) * onehot(true token) + distill_weight *
+  the target's own top-k distribution at that position (`Teacher`; distillation, a forward KL up
+  to the target's entropy). With distill_weight 0 it is the hard CE on the true token, CE_p, which
+  is what the `ce` statistic reports in every case (comparable across recipes). A true token
+  outside a reduced vocabulary cannot be drafted: it has no hard term, counts in the normaliser,
+  and is never a top-1 / top-K hit.
   SelCE_p is the selector's cross-entropy over the top-K candidates of the draft logits, with the
   TRUE previous token as predecessor (the anchor for k = 1), counted only where the true token is
   among the top K (otherwise 0, but its weight still counts in the normaliser).
@@ -46,6 +52,15 @@ from dflash2.training.head_ce import candidate_logits, head_cross_entropy
 
 if TYPE_CHECKING:
     from dflash2.training.distributed import Dist
+
+
+@dataclass
+class Teacher:
+    """The target's own next-token distribution at each label of a batch, for distillation: its
+    top-k token ids and logits, ids / logits [b, N, B-1, k] (the prediction made at position
+    anchor + j - 1 of the token at anchor + j)."""
+    ids: torch.Tensor
+    logits: torch.Tensor
 
 
 @dataclass
@@ -131,14 +146,15 @@ def label_weights(batch: Batch, weights: torch.Tensor) -> torch.Tensor:
     return batch.label_mask.float() * weights.to(batch.label_mask.device)
 
 
-def _selector_ce(draft, hidden, labels, predecessors, cand_ids, selector_grad_to_backbone: bool):
-    """Selector CE over the top-K candidates: hidden [P, H], labels / predecessors [P], cand_ids [P, K]
+def _selector_ce(draft, hidden, labels, predecessors, cand, cand_ids, selector_grad_to_backbone: bool):
+    """Selector CE over the top-K candidates: hidden [P, H], labels / predecessors [P] (target ids),
+    cand [P, K] (rows of the draft's head) and cand_ids [P, K] (their target ids)
     -> (sel_ce [P], sel_ok [P] bool); both are 0 / False where the label is not a candidate."""
     hit = cand_ids == labels[:, None]                                        # [P, K]
     in_topk = hit.any(dim=-1)
     target = hit.float().argmax(dim=-1)                                      # index of the label
     c = draft.config
-    cand_logits = candidate_logits(hidden, draft.lm_head_weight, cand_ids, c.output_multiplier,
+    cand_logits = candidate_logits(hidden, draft.head_weight, cand, c.output_multiplier,
                                    c.final_logit_softcapping)                # [P, K]
     if not selector_grad_to_backbone:
         hidden, cand_logits = hidden.detach(), cand_logits.detach()
@@ -155,7 +171,8 @@ def _leading_correct(correct: torch.Tensor) -> torch.Tensor:
 
 def block_losses(draft, hidden: torch.Tensor, batch: Batch, weights: torch.Tensor, normaliser: float,
                  *, selector_weight: float = 1.0, selector_grad_to_backbone: bool = False,
-                 top_k: int = 16, chunk: int = 256) -> tuple[torch.Tensor, LossStats]:
+                 top_k: int = 16, chunk: int = 256, teacher: "Teacher | None" = None,
+                 distill_weight: float = 0.0) -> tuple[torch.Tensor, LossStats]:
     """hidden [b, N, B, H] -> (scalar loss, detached stats). See the module docstring."""
     b, n, block, h = hidden.shape
     t = block - 1
@@ -177,18 +194,25 @@ def block_losses(draft, hidden: torch.Tensor, batch: Batch, weights: torch.Tenso
         top_k = draft.selector.top_k
 
     c = draft.config
-    ce, top1, cand_ids = head_cross_entropy(hid, draft.lm_head_weight, lab, top_k=top_k, chunk=chunk,
-                                            multiplier=c.output_multiplier, softcap=c.final_logit_softcapping)
+    soft_ids = soft_probs = None
+    if teacher is not None and distill_weight > 0:
+        soft_ids = draft.target_to_draft(teacher.ids.reshape(-1, teacher.ids.shape[-1])[index])          # [P, k]
+        soft_probs = torch.softmax(teacher.logits.reshape(-1, teacher.logits.shape[-1])[index].float(), -1)
+    loss_rows, ce, top1, cand = head_cross_entropy(
+        hid, draft.head_weight, draft.target_to_draft(lab), top_k=top_k, chunk=chunk, multiplier=c.output_multiplier,
+        softcap=c.final_logit_softcapping, soft_ids=soft_ids, soft_probs=soft_probs, hard_weight=1.0 - distill_weight)
+    cand_ids = draft.draft_to_target(cand)                                   # [P, K] target ids
     in_topk = (cand_ids == lab[:, None]).any(dim=-1)
     if draft.selector is not None:
-        sel_ce, sel_ok = _selector_ce(draft, hid, lab, prv, cand_ids, selector_grad_to_backbone)
+        sel_ce, sel_ok = _selector_ce(draft, hid, lab, prv, cand, cand_ids, selector_grad_to_backbone)
     else:
         sel_ce, sel_ok = torch.zeros_like(ce), top1
     ce_sum = (wt * ce).sum()
+    objective_sum = (wt * loss_rows).sum()
     sel_sum = (wt * sel_ce).sum()
     topk_weight = (wt * in_topk).sum().detach()
     parts = {"top1": top1, "topk": in_topk, "selector_ok": sel_ok}
-    loss = (ce_sum + selector_weight * sel_sum) / normaliser
+    loss = (objective_sum + selector_weight * sel_sum) / normaliser
 
     # ---- detached statistics (sums) -------------------------------------------------------
     with torch.no_grad():

@@ -26,7 +26,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dflash2.targets.chat import choose_mask_token
+from dflash2.data.vocab import coverage, frequency_vocabulary
+from dflash2.targets.chat import choose_mask_token, stop_token_ids
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
@@ -35,7 +36,7 @@ from dflash2.errors import require
 from dflash2.decoding.target import decoder_layers
 from dflash2.training.batches import Batch
 from dflash2.training.config import TrainConfig
-from dflash2.training.losses import block_losses, position_weights
+from dflash2.training.losses import Teacher, block_losses, position_weights
 
 
 def checked_shape(cfg: TrainConfig, target_config, tokenizer=None) -> tuple[DraftShape, int]:
@@ -99,7 +100,9 @@ def warm_start_from_target(draft: DFlash2DraftModel, target_model) -> list[str]:
     return copied
 
 
-def build_draft(cfg: TrainConfig, target_model, tokenizer=None) -> tuple[DFlash2DraftModel, dict]:
+def build_draft(cfg: TrainConfig, target_model, tokenizer=None, sequences=None) -> tuple[DFlash2DraftModel, dict]:
+    """A fresh (or `init_from`) draft bound to the target; a fresh reduced-vocabulary draft takes
+    the `draft.draft_vocab_size` most frequent response tokens of `sequences` (and the stop tokens)."""
     report: dict = {}
     if cfg.draft.init_from:
         draft = DFlash2DraftModel.from_pretrained(cfg.draft.init_from).train()
@@ -111,6 +114,12 @@ def build_draft(cfg: TrainConfig, target_model, tokenizer=None) -> tuple[DFlash2
                              final_norm_init=cfg.draft.final_norm_init)
         if cfg.draft.warm_start_from_target:
             report["warm_started"] = warm_start_from_target(draft, target_model)
+        if draft.reduced_vocabulary:
+            require(bool(sequences), "draft.draft_vocab_size needs training data to rank the tokens by frequency")
+            stops = stop_token_ids(tokenizer, target_model.config) if tokenizer is not None else ()
+            ids = frequency_vocabulary(sequences, draft.config.draft_vocab_size, draft.config.vocab_size, stops)
+            draft.set_draft_vocabulary(ids)
+            report["draft_vocab_coverage"] = coverage(sequences, ids, draft.config.vocab_size)
     draft = draft.float().train()
     draft.bind_target(target_model.get_input_embeddings().weight, target_model.get_output_embeddings().weight)
     report["parameters"] = draft.num_parameters()
@@ -121,23 +130,24 @@ class DraftTrainStep(nn.Module):
     """Context K/V + all blocks + loss of one micro-batch in one forward call."""
 
     def __init__(self, draft: DFlash2DraftModel, gamma: float, selector_weight: float,
-                 selector_grad_to_backbone: bool, logits_chunk: int):
+                 selector_grad_to_backbone: bool, logits_chunk: int, distill_weight: float = 0.0):
         super().__init__()
+        self.distill_weight = distill_weight
         self.draft = draft
         self.register_buffer("weights", position_weights(draft.config.block_size, gamma), persistent=False)
         self.selector_weight = selector_weight
         self.selector_grad_to_backbone = selector_grad_to_backbone
         self.logits_chunk = logits_chunk
 
-    def forward(self, features: torch.Tensor, batch: Batch, normaliser: float):
-        """features [b, L, F]; batch on the same device -> (loss, stats)."""
+    def forward(self, features: torch.Tensor, batch: Batch, normaliser: float, teacher: Teacher | None = None):
+        """features [b, L, F]; batch (and teacher) on the same device -> (loss, stats)."""
         draft = self.draft
         context = draft.context_kv(features, batch.positions)                     # per layer [b, kv, L, d]
         hidden = draft.forward_blocks(batch.block_ids, batch.block_positions, context, batch.attn_mask)  # [b, N, B, H]
         return block_losses(draft, hidden, batch, self.weights, normaliser,
                             selector_weight=self.selector_weight,
                             selector_grad_to_backbone=self.selector_grad_to_backbone,
-                            chunk=self.logits_chunk)
+                            chunk=self.logits_chunk, teacher=teacher, distill_weight=self.distill_weight)
 
 
 def clip_groups(module: nn.Module, separate_selector: bool) -> dict[str, list[nn.Parameter]]:

@@ -46,16 +46,17 @@ from dflash2.training.batches import Example, build_batch
 from dflash2.training.config import TrainConfig, load_config
 from dflash2.training.data import SequenceOrder, load_sequences, to_pair
 from dflash2.training.distributed import Dist
-from dflash2.training.features import FeatureSource, cache_tag
-from dflash2.training.losses import LossStats, label_weights
+from dflash2.training.features import FeatureSource, TargetSignals, cache_tag
+from dflash2.training.losses import LossStats, Teacher, label_weights
 from dflash2.training.metrics_log import MetricsLog, plot_curves
 from dflash2.training.model import DraftTrainStep, build_draft, clip_groups
 
 RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.log_every", "train.eval_every",
                      "train.checkpoint_every", "train.keep_checkpoints", "train.save_dtype", "train.device",
-                     "data.feature_cache_dir", "data.max_eval_sequences", "data.eval"}
+                     "data.feature_cache_dir", "data.max_eval_sequences", "data.eval", "train.max_cpu_seconds"}
 # Keys added after checkpoints were already written: what a checkpoint without the key was trained with.
-LEGACY_VALUES = {"optim.clip_selector_separately": False}
+LEGACY_VALUES = {"optim.clip_selector_separately": False, "data.exclude_holdout": False,
+                 "loss.distill_weight": 0.0, "loss.distill_top_k": 32}
 
 
 def lr_factor(step: int, total: int, warmup_fraction: float, min_ratio: float) -> float:
@@ -89,15 +90,9 @@ class Trainer:
             from dflash2.targets.builtin import load_target
             target_model, tokenizer = load_target(cfg.target.name, device=device, dtype=target_dtype)
         target_model = target_model.to(device).eval().requires_grad_(False)
-        self.draft, self.build_report = build_draft(cfg, target_model, tokenizer)
-        self.draft.to(device)  # the borrowed embedding and LM head move with it
-        self.adapter = TargetAdapter(target_model, self.draft.config.target_layer_ids)
-        tag = cache_tag(cfg.target.name, self.draft.config.target_layer_ids, target_dtype, d.max_seq_len)
-        self.features = FeatureSource(self.adapter, d.feature_cache_dir, tag)
-
         if train_sequences is None:
             require(bool(d.train), "config key 'data.train' must list at least one shard directory")
-            train_sequences, self.data_counts = load_sequences(d.train, d.max_seq_len)
+            train_sequences, self.data_counts = load_sequences(d.train, d.max_seq_len, d.exclude_holdout)
         else:
             train_sequences = [to_pair(ids, mask, d.max_seq_len) for ids, mask in train_sequences]
             self.data_counts = {"records": len(train_sequences)}
@@ -105,6 +100,12 @@ class Trainer:
             eval_sequences, _ = load_sequences(d.eval, d.max_seq_len)
         self.eval_sequences = [to_pair(i, m, d.max_seq_len) for i, m in (eval_sequences or [])]
         self.eval_sequences = self.eval_sequences[:d.max_eval_sequences]
+        self.draft, self.build_report = build_draft(cfg, target_model, tokenizer, train_sequences)
+        self.draft.to(device)  # the borrowed embedding and LM head move with it
+        self.adapter = TargetAdapter(target_model, self.draft.config.target_layer_ids)
+        top_k = cfg.loss.distill_top_k if cfg.loss.distill_weight > 0 else 0
+        tag = cache_tag(cfg.target.name, self.draft.config.target_layer_ids, target_dtype, d.max_seq_len, top_k)
+        self.features = FeatureSource(self.adapter, d.feature_cache_dir, tag, top_k=top_k)
         per_step = self.dist.world * t.grad_accum
         require(t.batch_size % per_step == 0,
                 f"config key 'train.batch_size'={t.batch_size} must be a multiple of world size x grad_accum "
@@ -114,7 +115,8 @@ class Trainer:
 
         loss = cfg.loss
         self.module = DraftTrainStep(self.draft, cfg.resolved_gamma(), loss.selector_weight,
-                                     loss.selector_grad_to_backbone, loss.logits_chunk).to(device)
+                                     loss.selector_grad_to_backbone, loss.logits_chunk,
+                                     loss.distill_weight).to(device)
         self.wrapped = self.dist.wrap(self.module, t.parallel)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.clip_groups = clip_groups(self.module, separate_selector=cfg.optim.clip_selector_separately
@@ -158,10 +160,11 @@ class Trainer:
         for i, batch in enumerate(batches):
             batch = batch.to(self.dist.device)
             with self._autocast():
-                features = self.features(batch)
+                signals = self.features(batch)
+            teacher = _teacher(signals, batch)
             with Dist.no_sync(self.wrapped, i == len(batches) - 1):
                 with self._autocast():
-                    loss, step_stats = self.wrapped(features, batch, normaliser)
+                    loss, step_stats = self.wrapped(signals.features, batch, normaliser, teacher)
                 (loss * world).backward()
             stats = stats + step_stats
         clip = self.cfg.optim.grad_clip or float("inf")
@@ -245,12 +248,15 @@ class Trainer:
             with atomic_write(self.run_dir / "train_config.yaml", "w") as handle:
                 yaml.safe_dump(self.cfg.to_dict(), handle, sort_keys=False)
         bar = _progress(self.total_steps, self.step, self.dist.is_main and t.progress)
+        cpu_start = time.process_time()
         interval, interval_tokens, clock = self._zero_stats(), self.tokens_seen, time.perf_counter()
         last = {}
         while self.step < end:
             stats, grad_norms = self.train_step()
             interval = interval + stats
             bar.update(1)
+            if t.max_cpu_seconds and time.process_time() - cpu_start >= t.max_cpu_seconds:
+                self.total_steps = end = self.step  # the CPU budget is spent: this step is the last
             final = self.step == self.total_steps
             if self.step % t.log_every == 0 or final:
                 now = time.perf_counter()
@@ -270,7 +276,8 @@ class Trainer:
                 self.save()
         bar.close()
         summary = {"steps": self.step, "tokens": self.tokens_seen, "parameters": self.draft.num_parameters(),
-                   "last": last}
+                   "cpu_seconds": time.process_time() - cpu_start, "data": self.data_counts,
+                   "build": {k: v for k, v in self.build_report.items() if k != "warm_started"}, "last": last}
         if self.step < self.total_steps:
             return summary
         summary.update(self.export())
@@ -286,6 +293,21 @@ class Trainer:
     def close(self) -> None:
         self.adapter.close()
         self.dist.close()
+
+
+def _teacher(signals: TargetSignals, batch) -> Teacher | None:
+    """The target's top-k prediction of each label: made at position anchor + j - 1 for the token at
+    anchor + j, i.e. at block positions 0..B-2 -> ids / logits [b, N, B-1, k]."""
+    if signals.top_ids is None:
+        return None
+    b, n, block = batch.block_positions.shape
+    where = batch.block_positions[:, :, :-1].reshape(b, -1, 1)                    # [b, N*(B-1), 1]
+    k = signals.top_ids.shape[-1]
+
+    def pick(table: torch.Tensor) -> torch.Tensor:
+        return table.gather(1, where.expand(-1, -1, k)).view(b, n, block - 1, k)
+
+    return Teacher(pick(signals.top_ids), pick(signals.top_logits))
 
 
 class _NoBar:

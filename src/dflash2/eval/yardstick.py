@@ -1,0 +1,212 @@
+"""`dflash2 yardstick`: the fixed, fast measurement of a draft recipe: real acceptance length.
+
+Contract:
+- Real, not teacher-forced: the draft and the target decode together (`--speculate always`, so
+  every cycle verifies the whole block and tau measures the draft alone, not the length policy),
+  at T=0 and at the official T=1 (top-p 0.95, top-k 20), on a fixed prompt set:
+  - the held-out split of the regenerated training data (`dflash2.data.holdout`: records no recipe
+    with `data.exclude_holdout` trains on), the first `heldout` of each data directory in a fixed
+    hash order, their stored prompts (already chat-encoded);
+  - `per_benchmark` prompts of each of the five benchmarks, taken from record 100 on, so they do
+    not overlap the 20 prompts per dataset of the full protocol.
+  The set is frozen on first use into `--prompts` (a JSON file of sources and token ids) and read
+  back from there afterwards, so every arm is measured on the same prompts however the data
+  directories grow.
+- `measure(pipe, settings)` -> `YardstickResult`: tau per temperature (pooled: tokens committed by
+  verification / verification passes) overall and per source, the draft-pass milliseconds per
+  cycle (what a smaller LM head buys), cycles and tokens.
+- `main(argv)` measures each `--draft`, prints one line per draft and appends a row to
+  `--table` (markdown) and its `.jsonl` twin: arm name, training budget read from the run's
+  `summary.json` when the draft is a run's `final/` (steps, tokens, CPU seconds), tau at T=0 and
+  T=1, per-source tau, draft ms per cycle, commit and machine. Bad input: one line, exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dflash2.data.holdout import is_held_out
+from dflash2.data.prompts import BENCHMARKS, load_benchmark
+from dflash2.data.shards import read_records
+from dflash2.decoding.engine import GenerationConfig
+from dflash2.errors import DFlash2Error, require
+from dflash2.eval.benchkit import cpu_model, git_commit, machine_identity
+from dflash2.fileio import atomic_write
+from dflash2.targets.chat import encode_messages
+
+TEMPERATURES = {"t0": dict(temperature=0.0), "t1": dict(temperature=1.0, top_p=0.95, top_k=20)}
+BENCH_OFFSET = 100
+
+
+@dataclass(frozen=True)
+class YardstickSettings:
+    data_dirs: tuple[str, ...]
+    heldout: int = 12                 # held-out prompts per data directory
+    per_benchmark: int = 2            # benchmark prompts per dataset (records 100..)
+    max_new_tokens: int = 96
+    batch_size: int = 8
+    seed: int = 0
+
+
+@dataclass
+class YardstickResult:
+    tau: dict[str, float]                          # temperature -> pooled tau
+    tau_by_source: dict[str, dict[str, float]]     # temperature -> source -> tau
+    draft_ms_per_cycle: float
+    cycles: int
+    new_tokens: int
+    prompts: int
+    seconds: float
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    source: str
+    tokens: list[int]
+
+
+def yardstick_prompts(tokenizer, settings: YardstickSettings) -> list[Prompt]:
+    prompts: list[Prompt] = []
+    for directory in settings.data_dirs:
+        held = [r for r in read_records(directory) if is_held_out(r.id)]
+        held.sort(key=lambda r: zlib.crc32(r.id.encode()))
+        require(len(held) >= 1, f"'{directory}' has no held-out records yet (one in 64 is held out)")
+        prompts += [Prompt(Path(directory).name, r.prompt.tolist()) for r in held[:settings.heldout]]
+    for name in BENCHMARKS:
+        convs = load_benchmark(name, BENCH_OFFSET + settings.per_benchmark)[BENCH_OFFSET:]
+        prompts += [Prompt(name, encode_messages(tokenizer, [{"role": "user", "content": c.turns[0]}])) for c in convs]
+    return prompts
+
+
+def frozen_prompts(path: Path, tokenizer, settings: YardstickSettings) -> list[Prompt]:
+    """The prompt set stored at `path`, written there first if it does not exist yet."""
+    if not path.is_file():
+        prompts = yardstick_prompts(tokenizer, settings)
+        with atomic_write(path, "w") as handle:
+            json.dump({"settings": asdict(settings), "prompts": [asdict(p) for p in prompts]}, handle)
+    try:
+        data = json.loads(path.read_text())
+        return [Prompt(p["source"], list(p["tokens"])) for p in data["prompts"]]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise DFlash2Error(f"--prompts '{path}' is not a yardstick prompt file: {error}") from None
+
+
+def measure(pipe, settings: YardstickSettings, prompts: list[Prompt]) -> YardstickResult:
+    decoder = pipe.decoder
+    require(decoder.speculate == "always", "the yardstick measures the draft alone: build the decoder with speculate='always'")
+    tau, by_source, draft_seconds, cycles, tokens = {}, {}, 0.0, 0, 0
+    clock = time.perf_counter()
+    for name, sampling in TEMPERATURES.items():
+        config = GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_token_ids=tuple(pipe.stop_token_ids),
+                                  seed=settings.seed, **sampling)
+        committed: dict[str, list[int]] = {}
+        for start in range(0, len(prompts), settings.batch_size):
+            chunk = prompts[start:start + settings.batch_size]
+            results = decoder.generate([p.tokens for p in chunk], config)
+            for prompt, result in zip(chunk, results):
+                pair = committed.setdefault(prompt.source, [0, 0])
+                pair[0] += sum(result.stats.committed_per_cycle)
+                pair[1] += result.stats.cycles
+                tokens += result.stats.new_tokens
+            draft_seconds += results[0].timing.phase_seconds.get("draft", 0.0) + \
+                results[0].timing.phase_seconds.get("selector", 0.0)
+            cycles += results[0].timing.speculative_cycles
+        total = [sum(v[0] for v in committed.values()), sum(v[1] for v in committed.values())]
+        tau[name] = total[0] / total[1] if total[1] else 0.0
+        by_source[name] = {s: v[0] / v[1] if v[1] else 0.0 for s, v in committed.items()}
+    return YardstickResult(tau, by_source, 1000 * draft_seconds / max(cycles, 1), cycles, tokens, len(prompts),
+                           time.perf_counter() - clock)
+
+
+# --------------------------------------------------------------------------- table
+
+def training_budget(draft_dir: Path) -> dict:
+    """Steps, tokens and CPU seconds of the run whose `final/` this is (empty when unknown)."""
+    summary = draft_dir.parent / "summary.json"
+    if draft_dir.name != "final" or not summary.is_file():
+        return {}
+    data = json.loads(summary.read_text())
+    return {k: data.get(k) for k in ("steps", "tokens", "cpu_seconds")}
+
+
+def append_row(table: Path, row: dict) -> None:
+    """Append `row` to the markdown table (header written once) and to its .jsonl twin, atomically."""
+    jsonl = table.with_suffix(".jsonl")
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()] if jsonl.is_file() else []
+    rows.append(row)
+    with atomic_write(jsonl, "w") as handle:
+        handle.write("".join(json.dumps(r) + "\n" for r in rows))
+    lines = ["# Recipe yardstick: real acceptance length of each arm", "",
+             "Written by `dflash2 yardstick` (src/dflash2/eval/yardstick.py): real speculative decoding, whole "
+             "block verified every cycle; held-out regenerated answers plus benchmark prompts from record 100 on.",
+             "", "| arm | steps | tokens | CPU h | tau T=0 | tau T=1 | T=0 by source | draft ms/cycle | commit | machine |",
+             "|---|---:|---:|---:|---:|---:|---|---:|---|---|"]
+    for r in rows:
+        budget = r.get("budget", {})
+        cpu = budget.get("cpu_seconds")
+        sources = ", ".join(f"{k} {v:.2f}" for k, v in r["tau_by_source"]["t0"].items())
+        lines.append(f"| {r['arm']} | {budget.get('steps', '')} | {budget.get('tokens', '')} | "
+                     f"{'' if cpu is None else f'{cpu / 3600:.2f}'} | {r['tau']['t0']:.3f} | {r['tau']['t1']:.3f} | "
+                     f"{sources} | {r['draft_ms_per_cycle']:.1f} | {r['commit']} | {r['machine']} |")
+    with atomic_write(table, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="dflash2 yardstick",
+                                description="Real acceptance length of drafts on a fixed held-out + benchmark set.")
+    p.add_argument("--draft", action="append", required=True, help="draft directory (repeat for several)")
+    p.add_argument("--arm", action="append", default=None, help="name of each draft's recipe arm (default: its path)")
+    p.add_argument("--target", default="smollm2")
+    p.add_argument("--data", action="append", default=None,
+                   help="regenerated data directory with held-out records (repeat; default: data/regen/smollm2-*)")
+    p.add_argument("--table", default="docs/recipes/yardstick.md")
+    p.add_argument("--prompts", default="docs/recipes/yardstick-prompts.json",
+                   help="the frozen prompt set (written on first use)")
+    p.add_argument("--heldout", type=int, default=12)
+    p.add_argument("--per-benchmark", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args(argv)
+    for name in ("heldout", "per_benchmark", "max_new_tokens", "batch_size"):
+        require(getattr(args, name) > 0, f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    require(args.arm is None or len(args.arm) == len(args.draft), "give one --arm per --draft (or none)")
+    for draft in args.draft:
+        require((Path(draft) / "config.json").is_file(), f"--draft '{draft}' is not a draft directory (no config.json)")
+    args.data = args.data or sorted(str(p) for p in Path("data/regen").glob("smollm2-*") if (p / "manifest.json").is_file())
+    require(bool(args.data), "no --data directory given and none found under data/regen/")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dflash2.pipeline import load_decoder
+
+    try:
+        args = parse_args(argv)
+        settings = YardstickSettings(tuple(args.data), args.heldout, args.per_benchmark, args.max_new_tokens,
+                                     args.batch_size)
+        for i, draft in enumerate(args.draft):
+            pipe = load_decoder(args.target, draft, args.device, speculate="always")
+            result = measure(pipe, settings, frozen_prompts(Path(args.prompts), pipe.tokenizer, settings))
+            arm = args.arm[i] if args.arm else draft
+            row = {"arm": arm, "draft": draft, "budget": training_budget(Path(draft)), **asdict(result),
+                   "settings": asdict(settings), "commit": git_commit(), "machine": cpu_model(),
+                   "machine_identity": machine_identity()}
+            append_row(Path(args.table), row)
+            print(f"{arm}: tau T=0 {result.tau['t0']:.3f}, T=1 {result.tau['t1']:.3f}, draft "
+                  f"{result.draft_ms_per_cycle:.1f} ms/cycle ({result.prompts} prompts, {result.seconds:.0f} s)")
+    except DFlash2Error as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
