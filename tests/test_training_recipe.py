@@ -55,3 +55,39 @@ def test_cpu_budget_stops_training_and_exports(tmp_path):
     assert 1 <= summary["steps"] < 500 and summary["cpu_seconds"] >= 0.5
     assert (tmp_path / "run" / "final" / "config.json").is_file()
     trainer.close()
+
+
+def test_init_from_a_full_vocabulary_draft_into_a_reduced_one(tmp_path):
+    """Continuing a trained full-vocabulary draft with a draft vocabulary: every weight carries
+    over, the vocabulary is ranked from the data, and the logits are the full ones restricted to it."""
+    target = tiny_target("llama")
+    seqs = synthetic_sequences(16)
+    first = small_config(tmp_path / "a", train={"steps": 2, "save_dtype": "fp32"})
+    Trainer(first, target_model=target, train_sequences=seqs).train()
+    cfg = small_config(tmp_path / "b", draft={"init_from": str(tmp_path / "a" / "final"), "draft_vocab_size": 50},
+                       train={"steps": 1})
+    trainer = Trainer(cfg, target_model=target, train_sequences=seqs)
+    full = DFlash2DraftModel.from_pretrained(tmp_path / "a" / "final")
+    for name, tensor in full.state_dict().items():
+        assert torch.equal(trainer.draft.state_dict()[name].cpu(), tensor), name
+    full.bind_target(target.get_input_embeddings().weight, target.get_output_embeddings().weight)
+    hidden = torch.randn(3, full.config.hidden_size)
+    reduced = trainer.draft.logits(hidden)
+    assert reduced.shape == (3, 50)
+    assert torch.allclose(reduced, full.logits(hidden)[:, trainer.draft.draft_token_ids()], atol=1e-5)
+    trainer.close()
+
+
+def test_features_only_fills_the_cache(tmp_path, monkeypatch):
+    from dflash2.training import trainer as trainer_module
+
+    seqs = synthetic_sequences(5)
+    monkeypatch.setattr(trainer_module, "load_sequences", lambda *a, **k: (seqs, {"records": len(seqs)}))
+    target = tiny_target("llama")
+    monkeypatch.setattr("dflash2.targets.builtin.load_target", lambda *a, **k: (target, None))
+    config = tmp_path / "c.yaml"
+    config.write_text(f"data: {{train: [{tmp_path}], feature_cache_dir: {tmp_path / 'cache'}, max_seq_len: 64}}\n"
+                      "draft: {num_layers: 1, selector_rank: 8, selector_top_k: 8}\nloss: {distill_top_k: 3}\n"
+                      "train: {progress: false, batch_size: 4}\n")
+    assert trainer_module.main([str(config), "--features-only"]) == 0
+    assert len(list((tmp_path / "cache").rglob("*.safetensors"))) == 5

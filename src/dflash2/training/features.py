@@ -12,8 +12,11 @@ Contract:
   `<cache_dir>/<tag>/<key[:2]>/<key>.safetensors` (atomic writes), `key` a hash of the sequence's
   token ids, and read back on later epochs / runs instead of running the target: an entry always
   belongs to the same tokens, however the data directories grow. `tag` must identify everything
-  the signals depend on (target, tapped layers, dtype, max_seq_len, top_k); `cache_tag(...)` builds
-  one. A cached entry whose shapes do not match is recomputed.
+  the features depend on (target, tapped layers, dtype, max_seq_len); `cache_tag(...)` builds one.
+  An entry written with the target's top-k logits also serves runs that do not need them; an
+  entry without them (or whose shapes do not match) is recomputed for a run that does.
+- `fill(sequences)` computes and stores the signals of every sequence not cached yet (a progress
+  bar; `dflash2 train CONFIG --features-only`), so that later runs spend no CPU on the target.
 - Each sequence is run through the target on its own, at its own length: padded batches of
   chat data waste most of a padded pass (lengths from tens to a thousand tokens), and a small
   target is compute-bound on a CPU, so one unpadded pass per row is the cheaper way.
@@ -30,18 +33,16 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save
 
+from dflash2.errors import require
 from dflash2.fileio import atomic_write
 from dflash2.decoding.target import TargetAdapter
 from dflash2.training.batches import Batch
 
 
-def cache_tag(target_name: str, target_layer_ids: list[int], dtype: torch.dtype, max_seq_len: int,
-              top_k: int = 0) -> str:
-    """Short stable id of what cached signals depend on."""
+def cache_tag(target_name: str, target_layer_ids: list[int], dtype: torch.dtype, max_seq_len: int) -> str:
+    """Short stable id of what cached features depend on."""
     fields = {"target": str(target_name), "layers": list(target_layer_ids), "dtype": str(dtype),
               "max_seq_len": max_seq_len, "keys": "token-hash"}
-    if top_k:
-        fields["top_k"] = top_k
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -119,11 +120,27 @@ class FeatureSource:
         n_tok = ids.shape[0]
         if tuple(row.get("features", torch.empty(0)).shape) != (n_tok, self.width):
             return None
-        if self.top_k and any(tuple(row.get(k, torch.empty(0)).shape) != (n_tok, self.top_k)
-                              for k in ("top_ids", "top_logits")):
+        if self.top_k and any(tuple(row.get(k, torch.empty(0)).shape[:1]) != (n_tok,) or
+                              row[k].shape[-1] < self.top_k for k in ("top_ids", "top_logits")):
             return None
         row["features"] = row["features"].to(self.adapter.dtype)
+        if self.top_k:  # an entry may hold more of the target's top logits than this run uses
+            row["top_ids"], row["top_logits"] = row["top_ids"][:, :self.top_k], row["top_logits"][:, :self.top_k]
         return row
+
+    def fill(self, sequences, progress: bool = True) -> int:
+        """Compute and cache the signals of every (input_ids, loss_mask) pair not cached yet; returns
+        how many were computed."""
+        from tqdm import tqdm
+
+        require(self.root is not None, "config key 'data.feature_cache_dir' must be set to fill a feature cache")
+        computed = 0
+        for ids, _ in tqdm(sequences, desc="target features", unit="seq", disable=not progress):
+            ids = torch.as_tensor(ids).long()
+            if self._load(ids) is None:
+                self._store(ids, self._compute_row(ids))
+                computed += 1
+        return computed
 
     def _store(self, ids: torch.Tensor, row: dict[str, torch.Tensor]) -> None:
         path = self._path(ids)

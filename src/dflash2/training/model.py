@@ -23,6 +23,8 @@ Contract:
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -104,26 +106,42 @@ def build_draft(cfg: TrainConfig, target_model, tokenizer=None, sequences=None) 
     """A fresh (or `init_from`) draft bound to the target; a fresh reduced-vocabulary draft takes
     the `draft.draft_vocab_size` most frequent response tokens of `sequences` (and the stop tokens)."""
     report: dict = {}
+    choose_vocabulary = cfg.draft.draft_vocab_size is not None
     if cfg.draft.init_from:
         draft = DFlash2DraftModel.from_pretrained(cfg.draft.init_from).train()
         draft.config.validate_against_target(target_model.config)
         report["init_from"] = cfg.draft.init_from
+        if cfg.draft.draft_vocab_size != draft.config.draft_vocab_size:  # the same draft, another vocabulary
+            draft = with_vocabulary(draft, cfg.draft.draft_vocab_size)
+        else:
+            choose_vocabulary = False  # keep the checkpoint's own vocabulary
     else:
         shape, mask = checked_shape(cfg, target_model.config, tokenizer)
         draft = create_draft(target_model.config, shape, mask_token_id=mask, seed=cfg.train.seed,
                              final_norm_init=cfg.draft.final_norm_init)
         if cfg.draft.warm_start_from_target:
             report["warm_started"] = warm_start_from_target(draft, target_model)
-        if draft.reduced_vocabulary:
-            require(bool(sequences), "draft.draft_vocab_size needs training data to rank the tokens by frequency")
-            stops = stop_token_ids(tokenizer, target_model.config) if tokenizer is not None else ()
-            ids = frequency_vocabulary(sequences, draft.config.draft_vocab_size, draft.config.vocab_size, stops)
-            draft.set_draft_vocabulary(ids)
-            report["draft_vocab_coverage"] = coverage(sequences, ids, draft.config.vocab_size)
+    if choose_vocabulary:
+        require(bool(sequences), "draft.draft_vocab_size needs training data to rank the tokens by frequency")
+        stops = stop_token_ids(tokenizer, target_model.config) if tokenizer is not None else ()
+        ids = frequency_vocabulary(sequences, draft.config.draft_vocab_size, draft.config.vocab_size, stops)
+        draft.set_draft_vocabulary(ids)
+        report["draft_vocab_coverage"] = coverage(sequences, ids, draft.config.vocab_size)
     draft = draft.float().train()
     draft.bind_target(target_model.get_input_embeddings().weight, target_model.get_output_embeddings().weight)
     report["parameters"] = draft.num_parameters()
     return draft, report
+
+
+def with_vocabulary(draft: DFlash2DraftModel, draft_vocab_size: int | None) -> DFlash2DraftModel:
+    """The same weights in a draft whose output vocabulary has `draft_vocab_size` tokens (None: the
+    target's); the vocabulary itself is chosen by the caller (`set_draft_vocabulary`)."""
+    config = dataclasses.replace(draft.config, draft_vocab_size=draft_vocab_size)
+    other = DFlash2DraftModel(config)
+    state = {k: v for k, v in draft.state_dict().items() if k not in ("d2t", "t2d")}
+    missing, unexpected = other.load_state_dict(state, strict=False)
+    require(not unexpected and set(missing) <= {"d2t", "t2d"}, f"cannot change the vocabulary of this draft: {missing or unexpected}")
+    return other.train()
 
 
 class DraftTrainStep(nn.Module):

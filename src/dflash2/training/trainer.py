@@ -104,12 +104,13 @@ class Trainer:
         self.draft.to(device)  # the borrowed embedding and LM head move with it
         self.adapter = TargetAdapter(target_model, self.draft.config.target_layer_ids)
         top_k = cfg.loss.distill_top_k if cfg.loss.distill_weight > 0 else 0
-        tag = cache_tag(cfg.target.name, self.draft.config.target_layer_ids, target_dtype, d.max_seq_len, top_k)
+        tag = cache_tag(cfg.target.name, self.draft.config.target_layer_ids, target_dtype, d.max_seq_len)
         self.features = FeatureSource(self.adapter, d.feature_cache_dir, tag, top_k=top_k)
         per_step = self.dist.world * t.grad_accum
         require(t.batch_size % per_step == 0,
                 f"config key 'train.batch_size'={t.batch_size} must be a multiple of world size x grad_accum "
                 f"= {self.dist.world} x {t.grad_accum}")
+        self.train_sequences = train_sequences
         self.order = SequenceOrder(train_sequences, t.batch_size, t.seed)
         self.total_steps = t.steps or max(1, int(t.epochs * self.order.steps_per_epoch))
 
@@ -341,6 +342,7 @@ class TrainCommand:
     config: str
     overrides: tuple[str, ...]
     resume: bool
+    features_only: bool = False
 
 
 def parse_command(argv: list[str] | None = None) -> TrainCommand:
@@ -348,9 +350,12 @@ def parse_command(argv: list[str] | None = None) -> TrainCommand:
     parser.add_argument("config", help="YAML training config (see configs/)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=100 draft.use_selector=false")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in train.output_dir")
+    parser.add_argument("--features-only", action="store_true",
+                        help="only fill data.feature_cache_dir with the target's features and top-k logits "
+                             "(loss.distill_top_k) of every training sequence, then exit")
     # intermixed: `CONFIG --resume train.steps=540` too (plain parse_args stops the overrides at --resume)
     args = parser.parse_intermixed_args(argv)
-    return TrainCommand(args.config, tuple(args.overrides), args.resume)
+    return TrainCommand(args.config, tuple(args.overrides), args.resume, args.features_only)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -358,6 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(command.config, list(command.overrides))
     trainer = Trainer(cfg)
     try:
+        if command.features_only:
+            source = FeatureSource(trainer.adapter, cfg.data.feature_cache_dir, trainer.features.root.name,
+                                   top_k=cfg.loss.distill_top_k)
+            computed = source.fill(trainer.train_sequences, progress=cfg.train.progress)
+            print(json.dumps({"features_computed": computed, "sequences": len(trainer.train_sequences),
+                              "cache": str(source.root)}))
+            return 0
         summary = trainer.train(resume=command.resume)
     finally:
         trainer.close()
