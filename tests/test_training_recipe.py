@@ -88,6 +88,6 @@ def test_features_only_fills_the_cache(tmp_path, monkeypatch):
     config = tmp_path / "c.yaml"
     config.write_text(f"data: {{train: [{tmp_path}], feature_cache_dir: {tmp_path / 'cache'}, max_seq_len: 64}}\n"
                       "draft: {num_layers: 1, selector_rank: 8, selector_top_k: 8}\nloss: {distill_top_k: 3}\n"
-                      "train: {progress: false, batch_size: 4}\n")
+                      "train: {progress: false, batch_size: 4, steps: 3}\n")
     assert trainer_module.main([str(config), "--features-only"]) == 0
     assert len(list((tmp_path / "cache").rglob("*.safetensors"))) == 5

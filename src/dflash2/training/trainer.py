@@ -132,6 +132,17 @@ class Trainer:
         self.run_dir = Path(t.output_dir)
         self.log = MetricsLog(self.run_dir / "metrics.jsonl")
 
+    def sequences_in_order(self) -> list:
+        """The distinct training sequences the run's `total_steps` steps read, in the order they do."""
+        seen: dict[int, None] = {}
+        for step in range(self.total_steps):
+            for micro in self.order.shard(step, 0, 1, 1):
+                for example in micro:
+                    seen.setdefault(example.index, None)
+            if len(seen) == len(self.train_sequences):
+                break
+        return [self.train_sequences[i] for i in seen]
+
     # ------------------------------------------------------------------ pieces
     def _autocast(self):
         return torch.autocast(self.dist.device.type, dtype=self.autocast_dtype or torch.float32,
@@ -352,7 +363,7 @@ def parse_command(argv: list[str] | None = None) -> TrainCommand:
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in train.output_dir")
     parser.add_argument("--features-only", action="store_true",
                         help="only fill data.feature_cache_dir with the target's features and top-k logits "
-                             "(loss.distill_top_k) of every training sequence, then exit")
+                             "(loss.distill_top_k) of the sequences the run's steps will read, then exit")
     # intermixed: `CONFIG --resume train.steps=540` too (plain parse_args stops the overrides at --resume)
     args = parser.parse_intermixed_args(argv)
     return TrainCommand(args.config, tuple(args.overrides), args.resume, args.features_only)
@@ -366,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         if command.features_only:
             source = FeatureSource(trainer.adapter, cfg.data.feature_cache_dir, trainer.features.root.name,
                                    top_k=cfg.loss.distill_top_k)
-            computed = source.fill(trainer.train_sequences, progress=cfg.train.progress)
+            computed = source.fill(trainer.sequences_in_order(), progress=cfg.train.progress)
             print(json.dumps({"features_computed": computed, "sequences": len(trainer.train_sequences),
                               "cache": str(source.root)}))
             return 0
