@@ -136,6 +136,20 @@ class SpeculativeDecoder:
             if event.tokens:
                 yield event.tokens
 
+    def check(self, prompts: list[list[int]], config: GenerationConfig) -> None:
+        """Raise `DFlash2Error` (one line) unless `prompts` with `config` can be decoded: a valid
+        config, non-empty prompts, and prompt + max_new_tokens + block size within the context.
+        `DecodeSession.add` runs it; it reads no decoding state, so any thread may call it."""
+        config.validate()
+        require(len(prompts) > 0, "no prompts given")
+        require(all(len(p) > 0 for p in prompts), "empty prompt: give at least one token")
+        block = self.block_size(config)
+        longest = max(len(p) for p in prompts)
+        limit = self.target.max_positions
+        require(longest + config.max_new_tokens + block <= limit,
+                f"prompt of {longest} tokens + max_new_tokens {config.max_new_tokens} + block size {block} exceeds "
+                f"the target's context limit of {limit} tokens")
+
     def block_size(self, config: GenerationConfig) -> int:
         return 1 if self.draft is None else (config.block_size or self.draft.config.block_size)
 
@@ -167,14 +181,7 @@ class DecodeSession:
     def add(self, prompts: list[list[int]], config: GenerationConfig) -> list[int]:
         """Queue prompts (one row each, sharing `config`); returns their keys. A row of a sampled
         request seeded s uses seed `row_seed(s, i)`, i its index in `prompts`."""
-        config.validate()
-        require(len(prompts) > 0, "no prompts given")
-        require(all(len(p) > 0 for p in prompts), "empty prompt: give at least one token")
-        block = self.decoder.block_size(config)
-        longest = max(len(p) for p in prompts)
-        require(longest + config.max_new_tokens + block <= self.target.max_positions,
-                f"prompt of {longest} tokens + max_new_tokens {config.max_new_tokens} + block size {block} exceeds "
-                f"the target's context limit of {self.target.max_positions} tokens")
+        self.decoder.check(prompts, config)
         keys = []
         for index, prompt in enumerate(prompts):
             key = next(self._keys)
@@ -299,7 +306,7 @@ class DecodeSession:
         events, finished = [], []
         for index, (row, commit) in enumerate(zip(rows, commits)):
             tokens, reason = _truncate(commit.tokens, row.output, row.config, row.stop_ids)
-            commit = Commit(tokens, min(commit.accepted, len(tokens)))
+            commit = Commit(tokens, min(commit.accepted, len(tokens)), 0 if first_token else verified[index])
             row.output += tokens
             if not first_token:  # the prefill's token is not a verification pass
                 row.stats.record_cycle(verified[index], len(tokens), commit.accepted)

@@ -13,8 +13,9 @@ Contract:
 - `BatchTiming` holds the clock of one decoded batch: prefill, total wall time, per-phase time
   (prefill, draft, selector, verify, accept), and the plain steps taken in fallback with their
   time. A finished row carries the timing of its batch up to that moment.
-- `Commit` is what one cycle adds to a row: its tokens and how many of them (the leading ones)
-  were draft tokens accepted by the target (the rest is the target's own token).
+- `Commit` is what one cycle adds to a row: its tokens, how many of them (the leading ones)
+  were draft tokens accepted by the target (the rest is the target's own token), and how many
+  drafts the cycle verified for the row (0: a plain step, counted in `RowStats.plain_steps`).
 """
 from __future__ import annotations
 
@@ -105,3 +106,4 @@ class BatchTiming:
 class Commit:
     tokens: list[int]
     accepted: int = 0    # the leading `accepted` tokens were draft tokens
+    drafted: int = 0     # draft tokens this cycle verified (0: a plain step, or the prefill's token)
