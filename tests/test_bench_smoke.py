@@ -137,3 +137,20 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert "unknown peer 'vllm'" in capsys.readouterr().err
     assert cli_main(["bench", "--tiny", "--datasets", "gsm9k", "--output", str(tmp_path)]) == 2
     assert "unknown benchmark" in capsys.readouterr().err
+
+
+def test_cycle_profile_accounts_for_the_whole_cycle(capsys, tmp_path):
+    """`python -m dflash2.eval.cycles`: per-phase milliseconds add up to the cycle (plus "other"),
+    and the cycle is also expressed in plain decoding steps."""
+    from dflash2.eval import cycles
+
+    out = tmp_path / "cycles.json"
+    assert cycles.main(["--tiny", "--speculate", "always", "--batch", "1,3", "--new-tokens", "12", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| batch |" in table and "realign" in table
+    profiles = json.loads(out.read_text())
+    assert [p["batch"] for p in profiles] == [1, 3]
+    for p in profiles:
+        parts = sum(v for k, v in p["ms_per_cycle"].items() if k != "total")
+        assert abs(parts - p["ms_per_cycle"]["total"]) < 1e-6 * max(1.0, p["ms_per_cycle"]["total"]) + 1e-9
+        assert p["plain_step_ms"] > 0 and p["cycle_in_plain_steps"] > 0 and 0 <= p["non_forward_share"] <= 1

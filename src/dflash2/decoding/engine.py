@@ -40,6 +40,9 @@ from dflash2.model.draft import DFlash2DraftModel
 from dflash2.rng import ACCEPT, TOKEN, row_seed, sample_from, uniforms
 
 
+DRAFT_PHASES = ("draft", "draft_head", "selector")  # the draft pass: backbone, LM head, path selector
+
+
 @dataclass
 class GenerationConfig:
     max_new_tokens: int = 128
@@ -238,14 +241,15 @@ class DecodeSession:
         q = confidence = draft_seconds = None
         verified = [0] * b
         if plan.draft and self.block > 1:
-            before = self.watch.totals["draft"] + self.watch.totals["selector"]
+            before = sum(self.watch.totals[p] for p in DRAFT_PHASES)
             proposal = self.proposer.propose(self.anchors, start, self.block, self.sampling.temperature,
                                              self.sampling.seed)
-            draft_seconds = self.watch.totals["draft"] + self.watch.totals["selector"] - before
+            draft_seconds = sum(self.watch.totals[p] for p in DRAFT_PHASES) - before
             confidence = (proposal.confidence.tolist() if proposal.confidence is not None
                           else [[1.0] * proposal.tokens.shape[1]] * b)
             greedy = self.sampling.greedy.tolist()
-            length = self.policy.choose_length(b, confidence, greedy, self.block, plan.probe)
+            with self.watch("policy"):
+                length = self.policy.choose_length(b, confidence, greedy, self.block, plan.probe)
             drafts, q = proposal.tokens[:, :length], None if proposal.q is None else proposal.q[:, :length]
             verified = [min(length, self.decoder.block_size(r.config) - 1) for r in self.rows]
         with self.watch("verify"):
@@ -256,22 +260,26 @@ class DecodeSession:
             limits = torch.tensor(verified, dtype=torch.long, device=drafts.device)
             accepted, bonus = self._accept(drafts, logits, q, limits, start)
             counts = accepted + 1                                  # anchor + accepted drafts enter the cache
+        with self.watch("realign"):                                # roll back rejected slots, re-align rows
             self.target.keep(counts, drafts.shape[1] + 1)
             if self.proposer is not None:
                 self.proposer.append(features, counts, start)
-        accepted_list, drafts_list, bonus_list = accepted.tolist(), drafts.tolist(), bonus.tolist()
-        commits = [Commit(drafts_list[r][:n] + [bonus_list[r]], accepted=n) for r, n in enumerate(accepted_list)]
+        with self.watch("host"):                                   # one host copy per tensor, not per row
+            accepted_list, drafts_list, bonus_list = accepted.tolist(), drafts.tolist(), bonus.tolist()
+            commits = [Commit(drafts_list[r][:n] + [bonus_list[r]], accepted=n) for r, n in enumerate(accepted_list)]
         self.anchors = bonus
         seconds = time.perf_counter() - clock
         host = seconds - verify_seconds - (draft_seconds or 0.0)
-        self.policy.observe(b, drafts.shape[1] + 1, confidence, self.sampling.greedy.tolist(), verified,
-                            accepted_list, draft_seconds, verify_seconds, host, plan.probe)
+        with self.watch("policy"):
+            self.policy.observe(b, drafts.shape[1] + 1, confidence, self.sampling.greedy.tolist(), verified,
+                                accepted_list, draft_seconds, verify_seconds, host, plan.probe)
         if draft_seconds is None:
             self.timing.plain_steps += 1
             self.timing.plain_seconds += seconds
         else:
             self.timing.speculative_cycles += 1
-        return self._commit(self.rows, commits, verified=verified)
+        with self.watch("host"):
+            return self._commit(self.rows, commits, verified=verified)
 
     # ------------------------------------------------------------------ pieces of a cycle
     def _pick(self, logits: torch.Tensor, sampling: RowSampling, positions: torch.Tensor) -> torch.Tensor:

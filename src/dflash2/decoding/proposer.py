@@ -112,6 +112,7 @@ class DraftProposer:
             positions = start_positions[:, None, None] + torch.arange(block_size, device=anchors.device)  # [b, 1, B]
             hidden = draft.forward_blocks(block_ids, positions, self.kv, block_visibility(positions, self.positions, self.window, self.valid))
             hidden = hidden[:, 0, 1:]                                             # [b, T, H] positions 1..B-1
+        with torch.inference_mode(), self.stopwatch("draft_head"):
             logits = draft.logits(hidden)                                          # [b, T, Vd] draft vocabulary
         u = uniforms(seeds, positions[:, 0, 1:], DRAFT) if sampling else None      # [b, T]
         with torch.inference_mode(), self.stopwatch("selector"):

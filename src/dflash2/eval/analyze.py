@@ -201,7 +201,8 @@ def latency(pipe: Pipeline, prompt: list[int], repeats: int) -> dict:
             proposer.stopwatch = watch = Stopwatch(device)
             proposal = proposer.propose(anchors, start, block, 0.0)
             if r:
-                samples["draft_with_convs" if conv_on else "draft_without_convs"].append(watch.totals["draft"])
+                samples["draft_with_convs" if conv_on else "draft_without_convs"].append(
+                    watch.totals["draft"] + watch.totals.get("draft_head", 0.0))
                 if conv_on:
                     samples["selector"].append(watch.totals.get("selector", 0.0))
         draft.conv_enabled = True

@@ -33,7 +33,7 @@ from pathlib import Path
 from dflash2.data.holdout import is_held_out
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
 from dflash2.data.shards import read_records
-from dflash2.decoding.engine import GenerationConfig
+from dflash2.decoding.engine import DRAFT_PHASES, GenerationConfig
 from dflash2.errors import DFlash2Error, require
 from dflash2.eval.benchkit import cpu_model, git_commit, machine_identity
 from dflash2.fileio import atomic_write
@@ -114,8 +114,7 @@ def measure(pipe, settings: YardstickSettings, prompts: list[Prompt]) -> Yardsti
                 pair[0] += sum(result.stats.committed_per_cycle)
                 pair[1] += result.stats.cycles
                 tokens += result.stats.new_tokens
-            draft_seconds += results[0].timing.phase_seconds.get("draft", 0.0) + \
-                results[0].timing.phase_seconds.get("selector", 0.0)
+            draft_seconds += sum(results[0].timing.phase_seconds.get(p, 0.0) for p in DRAFT_PHASES)
             cycles += results[0].timing.speculative_cycles
         total = [sum(v[0] for v in committed.values()), sum(v[1] for v in committed.values())]
         tau[name] = total[0] / total[1] if total[1] else 0.0
