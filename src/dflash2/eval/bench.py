@@ -21,7 +21,8 @@ reuses those of an interrupted run with identical settings, weights and code.
 `--no-baseline` skips the autoregressive runs (acceptance length and throughput only; speedup and
 mismatches are None), e.g. for comparing drafts; MT-Bench's next turn then follows the speculative
 answer (a target sample either way; identical to the autoregressive one at T=0).
-With `--peers [hf,pld,dflash]` it also runs the peers of `dflash2.eval.peers` at batch 1.
+With `--peers [hf,pld,dflash,vllm,vllm-dflash,mlx-dflash]` it also runs the peers of
+`dflash2.eval.peers` / `dflash2.eval.engine_peers` at batch 1.
 Writes OUTPUT/results.json, results.md and the PNG plots of `dflash2.eval.plots`.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from dflash2.eval import engine_peers
 from dflash2.eval import peers as peer_runs
 from dflash2.eval import plots
 from dflash2.eval.parts import PartStore, run_fingerprint, weights_digest
@@ -118,7 +120,8 @@ def parse_args(argv):
     p.add_argument("--concurrency", default="1", help="comma list of batch sizes, e.g. 1,8,32")
     p.add_argument("--output", default="runs/bench", help="directory for results.json, results.md and plots")
     p.add_argument("--peers", nargs="?", const="all", default=None,
-                   help="also run peers: all (default) or a comma list of hf, pld, dflash")
+                   help="also run peers: all (default) or a comma list of hf, pld, dflash, vllm, vllm-dflash, "
+                        "mlx-dflash")
     p.add_argument("--peers-python", default=None, help="python of the peers venv (default .venv-peers/bin/python)")
     args = p.parse_args(argv)
     require(args.num_prompts > 0, f"--num-prompts must be positive, got {args.num_prompts}")
@@ -269,6 +272,16 @@ def run_peers(pipe: Pipeline, args, config, prompts, ar_outputs, out: Path, bloc
             if report.get("status") == "ok":  # an unavailable peer is retried on --resume
                 store.save("peers-dflash", report)
         reports["dflash_reference"] = report
+    for spec in engine_peers.ENGINE_PEERS:  # vLLM CPU, MLX dflash: each in its own venv
+        if spec.short in args.peer_set:
+            report = store.load(f"peers-{spec.short}")
+            if report is None:
+                target_dir, draft_dir = peer_model_dirs(pipe, args, out)
+                report = engine_peers.engine_peer(spec, None, target_dir, draft_dir, prompts, greedy_refs, config,
+                                                  pipe.stop_token_ids, out / "peer-models")
+                if report.get("status") == "ok":
+                    store.save(f"peers-{spec.short}", report)
+            reports[spec.key] = report
     return reports
 
 

