@@ -1,10 +1,17 @@
 """The `dflash2` command line.
 
 Contract: `main(argv)` dispatches subcommands and returns an exit status. Every `DFlash2Error`
-(bad input) is printed as one line, `error: ...`, with exit status 2 and no traceback.
+(bad input, including a bad argument: `argparsing.OneLineParser`) is printed as one line,
+`error: ...`, with exit status 2 and no traceback (so is an `OSError`: the file system refusing a
+read or write); Ctrl-C prints `interrupted` and exits 130.
+Input is checked before anything slow loads: `generate` reads --messages, loads the draft (its
+weights checked), the target's config and tokenizer, encodes the prompt and applies the context
+rule, and only then loads the target's weights. `--compare` at T > 0 says that the two outputs are
+not expected to match. `init-draft` writes into an existing non-empty --out only with --force,
+and then replaces only its config.json and model.safetensors.
 
     dflash2 generate --prompt TEXT [--target smollm2] [--draft DIR | --no-draft] [--compare] [--json]
-    dflash2 init-draft --target T --out DIR [--layers 5] [--block-size 8] [--no-conv] [--no-selector]
+    dflash2 init-draft --target T --out DIR [--layers 5] [--block-size 8] [--no-conv] [--no-selector] [--force]
     dflash2 convert-target NAME            # convert a built-in GGUF target once, into the cache
     dflash2 regenerate ... / train ... / ablation ... / bench ... / analyze ... / export ...   (see each --help)
 """
@@ -15,8 +22,11 @@ import importlib
 import json
 import sys
 import time
+from pathlib import Path
 
+from dflash2.argparsing import OneLineParser
 from dflash2.errors import DFlash2Error, require
+from dflash2.fileio import refuse_existing_output
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape
 
 # Subcommands implemented in their own modules: name -> (module, help).
@@ -28,6 +38,8 @@ _DELEGATED = {
     "analyze": ("dflash2.eval.analyze", "analyse a draft: recall, oracle selector, suffix decay"),
     "yardstick": ("dflash2.eval.yardstick", "real acceptance length of drafts on a fixed held-out + benchmark set"),
     "export": ("dflash2.export.cli", "export a draft for vLLM, SGLang, MLX dflash or llama.cpp (GGUF)"),
+    "serve": ("dflash2.serve.cli", "OpenAI-compatible server: continuous batching, metrics, playground"),
+    "loadtest": ("dflash2.serve.loadtest", "bounded load test of a dflash2 server on loopback"),
 }
 
 
@@ -58,7 +70,7 @@ def _generate_parser(sub) -> None:
 def _init_draft_parser(sub) -> None:
     p = sub.add_parser("init-draft", help="write a correctly shaped, untrained draft for a target")
     p.add_argument("--target", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="directory to create (an existing non-empty one needs --force)")
     p.add_argument("--layers", type=int, default=DEFAULT_SHAPE.num_layers)
     p.add_argument("--block-size", type=int, default=DEFAULT_SHAPE.block_size)
     p.add_argument("--selector-rank", type=int, default=DEFAULT_SHAPE.selector_rank)
@@ -68,10 +80,13 @@ def _init_draft_parser(sub) -> None:
     p.add_argument("--no-conv", action="store_true", help="no convolutions (with --no-selector: DFlash v1)")
     p.add_argument("--no-selector", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true",
+                   help="write into an existing, non-empty --out: replaces its config.json and model.safetensors, "
+                        "nothing else")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dflash2", description="DFlash2 speculative decoding")
+    parser = OneLineParser(prog="dflash2", description="DFlash2 speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     _init_draft_parser(sub)
@@ -84,29 +99,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_generate(args) -> int:
-    from dflash2.targets.chat import encode_messages, encode_prompt
     from dflash2.decoding.engine import GenerationConfig
-    from dflash2.pipeline import load_decoder
+    from dflash2.pipeline import prepare_decoder
+    from dflash2.targets.chat import encode_messages, encode_prompt
 
     require((args.prompt is None) != (args.messages is None), "give exactly one of --prompt or --messages")
+    require(not (args.no_draft and args.block_size is not None),
+            "--block-size sets the draft's block, so it has no effect with --no-draft; drop one of them")
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, block_size=args.block_size, seed=args.seed)
     config.validate()
     if args.prompt is not None:
         require(args.prompt.strip() != "", "empty prompt: --prompt has no text")
-    pipe = load_decoder(args.target, args.draft, args.device, args.dtype, args.no_draft, args.draft_dtype,
-                        args.speculate)
+    messages = read_messages(args.messages) if args.messages is not None else None
+    plan = prepare_decoder(args.target, args.draft, args.device, args.dtype, args.no_draft, args.draft_dtype,
+                           args.speculate)
     chat = False if args.no_chat else None
-    if args.messages:
-        try:
-            messages = json.loads(open(args.messages, encoding="utf-8").read())
-        except (OSError, json.JSONDecodeError) as err:
-            raise DFlash2Error(f"--messages '{args.messages}': {err}") from None
-        require(isinstance(messages, list), f"--messages '{args.messages}' must hold a JSON list of messages")
-        ids = encode_messages(pipe.tokenizer, messages, chat)
+    if messages is not None:
+        ids = encode_messages(plan.tokenizer, messages, chat)
     else:
-        ids = encode_prompt(pipe.tokenizer, args.prompt, chat)
+        ids = encode_prompt(plan.tokenizer, args.prompt, chat)
+    plan.check_prompt(ids, config)
+    block_warning = _block_size_warning(plan, config)
+    pipe = plan.load()
     config.stop_token_ids = pipe.stop_token_ids
+    if block_warning:
+        print(block_warning, file=sys.stderr)
     if not args.json:
         print(f"# target: {args.target} | draft: {pipe.draft_description}", file=sys.stderr)
         if not pipe.trained_draft and not args.no_draft:
@@ -118,12 +136,42 @@ def cmd_generate(args) -> int:
         baseline = type(pipe.decoder)(pipe.decoder.target).generate([ids], config)[0]
         tps = baseline.stats.new_tokens / baseline.timing.total_seconds
         report.update(baseline_tokens_per_second=tps, speedup=report["tokens_per_second"] / tps,
-                      identical=baseline.tokens == result.tokens)
+                      identical=baseline.tokens == result.tokens, identical_expected=config.temperature == 0)
     if args.json:
         print(json.dumps(report))
     else:
         _print_report(report)
     return 0
+
+
+def read_messages(path: str) -> list:
+    """The --messages file: a JSON list of chat messages, checked before any model loads."""
+    from dflash2.targets.chat import check_messages
+
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as err:
+        raise DFlash2Error(f"--messages '{path}': {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise DFlash2Error(f"--messages '{path}' is not UTF-8 text (byte {err.start})") from None
+    try:
+        messages = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DFlash2Error(f"--messages '{path}' is not valid JSON: {err}") from None
+    require(isinstance(messages, list), f"--messages '{path}' must hold a JSON list of messages")
+    check_messages(messages, f"--messages '{path}': ")
+    return messages
+
+
+def _block_size_warning(plan, config) -> str | None:
+    """A block above the one the draft was trained with: what it costs, in one line."""
+    trained = plan.draft.config.block_size if plan.draft is not None else None
+    if config.block_size is None or trained is None or config.block_size <= trained:
+        return None
+    return (f"# warning: --block-size {config.block_size} is above the block size {trained} this draft was trained "
+            f"with: block positions {trained + 1}..{config.block_size} were never trained, so they are rarely "
+            f"accepted, while every cycle drafts and verifies {config.block_size} tokens instead of {trained} "
+            "(more time per cycle for little or no gain)")
 
 
 def _run_streaming(pipe, ids, config, echo: bool):
@@ -175,19 +223,28 @@ def _print_report(report: dict) -> None:
     phases = " ".join(f"{k}={v:.3f}s" for k, v in report["phase_seconds"].items())
     print(f"time: {phases}")
     if "speedup" in report:
+        note = "" if report["identical_expected"] else (
+            " (expected at T > 0: both runs are samples of the target's distribution, so they need not match; "
+            "only T=0 promises identical output)")
         print(f"baseline: {report['baseline_tokens_per_second']:.1f} tok/s | speedup: {report['speedup']:.2f}x | "
-              f"identical to baseline: {report['identical']}")
+              f"identical to baseline: {report['identical']}{note}")
 
 
 def cmd_init_draft(args) -> int:
+    from dflash2.model.draft import CHECKPOINT_FILES
     from dflash2.pipeline import new_draft
-    from dflash2.targets.builtin import load_target
+    from dflash2.targets.builtin import open_target
 
-    model, tokenizer = load_target(args.target)
+    for flag, value, least in (("--layers", args.layers, 1), ("--block-size", args.block_size, 2),
+                               ("--selector-rank", args.selector_rank, 1), ("--selector-top-k", args.selector_top_k, 1),
+                               ("--intermediate-size", args.intermediate_size, 1)):
+        require(value is None or value >= least, f"{flag} must be an integer >= {least}, got {value}")
+    refuse_existing_output(args.out, args.force, "--out", "--force", f"its {' and '.join(CHECKPOINT_FILES)}")
     shape = DraftShape(num_layers=args.layers, block_size=args.block_size, intermediate_size=args.intermediate_size,
                        use_conv=not args.no_conv, use_selector=not args.no_selector,
                        selector_rank=args.selector_rank, selector_top_k=args.selector_top_k)
-    draft = new_draft(model, tokenizer, shape, seed=args.seed)
+    target = open_target(args.target)  # config and tokenizer: the draft needs no target weights
+    draft = new_draft(target.config, target.tokenizer, shape, seed=args.seed)
     draft.save_pretrained(args.out)
     c = draft.config
     print(f"wrote untrained {c.architecture} to {args.out}: {draft.num_parameters() / 1e6:.1f} M parameters, "
@@ -215,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         return handler[args.command](args)
     except DFlash2Error as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # the file system said no (permissions, a full disk, a path through a file)
+        where = f" ('{err.filename}')" if err.filename else ""
+        print(f"error: {err.strerror or err}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -1,0 +1,147 @@
+"""`dflash2 serve`: the command line of the server.
+
+Contract: `main(argv)` parses the options into `ServeSettings`, checks them and claims the
+listening socket before anything is loaded (a bad option or a busy port is one `DFlash2Error`
+line, exit 2, via `dflash2.cli`), then loads the target and draft (`--tiny`, hidden: the tiny
+random test models), prints one line `dflash2 serve: http://HOST:PORT ...` on stderr and serves
+until SIGINT or SIGTERM. SIGTERM drains: no new connections, the requests in flight finish
+(up to `--drain-timeout` seconds), then the process exits with status 0.
+
+`run_server(pipeline, settings, sock)` serves an already loaded pipeline on an open socket
+(tests start it in a thread); `bind(host, port)` opens that socket (port 0: a free port).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+
+from dflash2.errors import DFlash2Error
+from dflash2.serve.settings import API_KEY_ENV, RequestDefaults, ServeSettings
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage block
+        raise DFlash2Error(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d, r = ServeSettings(), RequestDefaults()
+    p = _Parser(prog="dflash2 serve", description="OpenAI-compatible server with continuous batching over the "
+                                                 "DFlash2 speculative decoder (lossless: greedy answers are the "
+                                                 "target's own).")
+    p.add_argument("--target", default=d.target, help="built-in name (smollm2, gemma3), local HF dir or hub id")
+    p.add_argument("--draft", help="draft checkpoint directory (default: the shipped draft for the target)")
+    p.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding (same server)")
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--dtype", default=d.dtype, help="target dtype (exact-equality claims hold in float32)")
+    p.add_argument("--draft-dtype", default=d.draft_dtype)
+    p.add_argument("--speculate", default=d.speculate, choices=("auto", "always", "never"),
+                   help="auto: verify only the drafts that pay and fall back to plain decoding; always; never")
+    p.add_argument("--host", default=d.host, help="address to listen on (default loopback only)")
+    p.add_argument("--port", type=int, default=d.port, help="port (0: any free port)")
+    p.add_argument("--model-name", help="model id clients send (default: the target's name)")
+    p.add_argument("--max-batch", type=int, default=d.max_batch, help="rows decoded together")
+    p.add_argument("--max-queue", type=int, default=d.max_queue, help="requests that may wait for a row; more: 429")
+    p.add_argument("--retry-after", type=int, default=d.retry_after_s, help="Retry-After seconds sent with a 429")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                   help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV})")
+    p.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s,
+                   help="on SIGTERM, seconds the requests in flight may take to finish")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--log-level", default=d.log_level)
+    p.add_argument("--access-log", action="store_true", help="log every request")
+    g = p.add_argument_group("generation defaults (for fields a request leaves out)")
+    g.add_argument("--max-tokens", type=int, default=r.max_tokens, help="capped to the room left in the context")
+    g.add_argument("--temperature", type=float, default=r.temperature, help="0: greedy (OpenAI's default is 1)")
+    g.add_argument("--top-p", type=float, default=r.top_p)
+    g.add_argument("--top-k", type=int, default=r.top_k)
+    g.add_argument("--seed", type=int, default=r.seed, help="default: a fresh seed per request")
+    p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def parse_settings(argv: list[str]) -> ServeSettings:
+    a = build_parser().parse_args(argv)
+    settings = ServeSettings(
+        target=a.target, draft=a.draft, no_draft=a.no_draft, device=a.device, dtype=a.dtype,
+        draft_dtype=a.draft_dtype, speculate=a.speculate, tiny=a.tiny, host=a.host, port=a.port,
+        model_name=a.model_name, max_batch=a.max_batch, max_queue=a.max_queue, retry_after_s=a.retry_after,
+        api_key=a.api_key, drain_timeout_s=a.drain_timeout, log_level=a.log_level.lower(),
+        access_log=a.access_log, threads=a.threads,
+        defaults=RequestDefaults(a.max_tokens, a.temperature, a.top_p, a.top_k, a.seed))
+    settings.validate()
+    return settings
+
+
+def bind(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as err:
+        raise DFlash2Error(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def load_pipeline(settings: ServeSettings):
+    import torch
+
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    if settings.tiny:
+        from dflash2.eval.benchkit import tiny_pipeline
+
+        return tiny_pipeline(0, "never" if settings.no_draft else settings.speculate)
+    from dflash2.pipeline import load_decoder
+
+    return load_decoder(settings.target, settings.draft, settings.device, settings.dtype, settings.no_draft,
+                        settings.draft_dtype, settings.speculate)
+
+
+def make_server(pipeline, settings: ServeSettings):
+    import uvicorn
+
+    from dflash2.serve.app import create_app
+
+    config = uvicorn.Config(create_app(pipeline, settings), log_level=settings.log_level,
+                            access_log=settings.access_log, lifespan="on",
+                            timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s))
+    return uvicorn.Server(config)
+
+
+def run_server(pipeline, settings: ServeSettings, sock: socket.socket) -> None:
+    make_server(pipeline, settings).run(sockets=[sock])
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = parse_settings(list(sys.argv[1:] if argv is None else argv))
+    sock = bind(settings.host, settings.port)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    pipeline = load_pipeline(settings)
+    print(f"dflash2 serve: {url_of(sock)} | model {settings.served_model} | draft {pipeline.draft_description} | "
+          f"speculate {pipeline.decoder.speculate} | max batch {settings.max_batch}, max queue {settings.max_queue}"
+          f"{' | API key required' if settings.api_key else ''}", file=sys.stderr, flush=True)
+    # uvicorn drains on SIGTERM, then re-raises it to the handler found here: make that a no-op,
+    # so a drained server exits with status 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    run_server(pipeline, settings, sock)
+    print("dflash2 serve: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    from dflash2.cli import main as dflash2_main
+
+    sys.exit(dflash2_main(["serve", *sys.argv[1:]]))

@@ -1,0 +1,186 @@
+"""A request as the scheduler sees it, and what it sends back.
+
+Contract:
+- `build_job(request, pipeline, defaults, sink, text_tokenizer)` turns a parsed `ApiRequest` into
+  a `Job`: the prompt encoded (chat: `targets.chat.encode_messages`, the chat template when the
+  tokenizer has one, else the contents joined; completion: the text as the tokenizer encodes it,
+  or the given ids), and a `GenerationConfig` from the request with the server defaults for what
+  it left out. An omitted `max_tokens` is the default capped to the room left in the context.
+  The config and context are checked by the engine's own rule (`SpeculativeDecoder.check`); its
+  one-line message becomes an `ApiError` 400 naming the request field (e.g. `max_tokens`, not
+  `max_new_tokens`).
+- The scheduler thread sends a job's results through `job.sink` (thread-safe): `Progress`
+  (the pieces of text one cycle released, one per committed token), then `Finished` or `Failed`.
+- Token origins, per committed token: "draft" (an accepted draft token), "target" (the target's
+  own token closing a speculative cycle) or "plain" (a plain target step, or the prefill's first
+  token). `Job.stats()` counts like `RowStats`: acceptance length = tokens committed by
+  speculative cycles / speculative cycles (= (draft + target) / target tokens, unless the last
+  cycle was cut short by a stop or the length limit).
+"""
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+from dflash2.decoding.engine import GenerationConfig
+from dflash2.errors import DFlash2Error
+from dflash2.serve.protocol import ApiError, ApiRequest, bad_request
+from dflash2.serve.settings import RequestDefaults
+from dflash2.serve.text import TextStream
+from dflash2.targets.chat import encode_messages
+
+DRAFT, TARGET, PLAIN = "draft", "target", "plain"
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str                # may be "" (text held back until later tokens)
+    token_id: int
+    origin: str              # DRAFT, TARGET or PLAIN
+
+
+@dataclass(frozen=True)
+class Progress:
+    pieces: tuple[Piece, ...]
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str              # "stop" (stop token or stop string) or "length"
+    text: str
+    token_ids: tuple[int, ...]
+    origins: tuple[str, ...]
+    prompt_tokens: int
+    stats: dict
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: ApiError
+
+
+@dataclass(eq=False)
+class Job:
+    id: str
+    request: ApiRequest
+    prompt: list[int]
+    config: GenerationConfig
+    sink: Callable[[object], None]
+    created: float = field(default_factory=time.perf_counter)
+    # --- owned by the scheduler thread
+    key: int | None = None
+    stream: TextStream | None = None
+    output: list[int] = field(default_factory=list)
+    origins: list[str] = field(default_factory=list)
+    speculative_cycles: int = 0
+    speculative_tokens: int = 0
+    plain_steps: int = 0
+    first_token_at: float | None = None
+    prefilling: bool = True      # the next commit is the prefill's first token
+    suspect: bool = False        # involved in a failed step: admitted alone from now on
+    restarts: int = 0
+    done: bool = False
+
+    def record(self, tokens: list[int], accepted: int, drafted: int) -> list[str]:
+        """Count one commit; returns the origin of each of its tokens."""
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        if self.prefilling:
+            self.prefilling = False
+            origins = [PLAIN] * len(tokens)                       # the prefill's first token
+        elif drafted > 0:
+            self.speculative_cycles += 1
+            self.speculative_tokens += len(tokens)
+            origins = [DRAFT] * accepted + [TARGET] * (len(tokens) - accepted)
+        else:
+            self.plain_steps += 1
+            origins = [PLAIN] * len(tokens)
+        return origins
+
+    def stats(self, finished_at: float) -> dict:
+        """Per-request figures: acceptance length (engine definition), passes, timings."""
+        n = len(self.output)
+        ttft = (self.first_token_at or finished_at) - self.created
+        decode = finished_at - (self.first_token_at or finished_at)
+        return {
+            "acceptance_length": self.speculative_tokens / self.speculative_cycles if self.speculative_cycles else 0.0,
+            "speculative_cycles": self.speculative_cycles, "plain_steps": self.plain_steps,
+            "accepted_draft_tokens": self.origins.count(DRAFT),
+            "time_to_first_token_s": ttft, "latency_s": finished_at - self.created,
+            "time_per_output_token_s": decode / (n - 1) if n > 1 else 0.0,
+            "tokens_per_second": n / (finished_at - self.created) if finished_at > self.created else 0.0,
+        }
+
+    def continuation(self) -> tuple[list[int], GenerationConfig]:
+        """Prompt and config to resume this job in a fresh session after a failed step: the
+        prompt plus what was committed, the same seed, the remaining length. Greedy rows resume
+        token for token; sampled rows keep the target's distribution exactly."""
+        config = GenerationConfig(**{**self.config.__dict__,
+                                     "max_new_tokens": self.config.max_new_tokens - len(self.output)})
+        return self.prompt + self.output, config
+
+
+def encode_request(request: ApiRequest, tokenizer, vocab_size: int) -> list[int]:
+    """The prompt's token ids, or ApiError 400."""
+    try:
+        if request.kind == "chat":
+            return list(encode_messages(tokenizer, [dict(m) for m in request.messages]))
+        if request.prompt_ids is not None:
+            bad = next((t for t in request.prompt_ids if not 0 <= t < vocab_size), None)
+            if bad is not None:
+                raise bad_request(f"'prompt' token id {bad} is outside the vocabulary (0..{vocab_size - 1}).", "prompt")
+            return list(request.prompt_ids)
+        if not request.prompt_text:
+            raise bad_request("'prompt' must not be empty.", "prompt")
+        return list(tokenizer(request.prompt_text)["input_ids"])
+    except DFlash2Error as err:
+        raise bad_request(str(err), "messages" if request.kind == "chat" else "prompt") from None
+
+
+def build_job(request: ApiRequest, pipeline, defaults: RequestDefaults, sink: Callable[[object], None],
+              text_tokenizer=None) -> Job:
+    """`text_tokenizer` decodes the job's tokens in the scheduler thread: give it its own copy of
+    the tokenizer (Rust-backed tokenizers fail with "Already borrowed" when one thread encodes
+    while another decodes with the same object)."""
+    decoder = pipeline.decoder
+    prompt = encode_request(request, pipeline.tokenizer, decoder.target.vocab_size)
+    seed = request.seed if request.seed is not None else defaults.seed
+    config = GenerationConfig(
+        max_new_tokens=request.max_tokens if request.max_tokens is not None else defaults.max_tokens,
+        temperature=request.temperature if request.temperature is not None else defaults.temperature,
+        top_p=request.top_p if request.top_p is not None else defaults.top_p,
+        top_k=request.top_k if request.top_k is not None else defaults.top_k,
+        seed=seed if seed is not None else secrets.randbits(63),
+        stop_token_ids=tuple(pipeline.stop_token_ids))
+    if request.max_tokens is None:  # the default, but never more than fits
+        room = decoder.target.max_positions - len(prompt) - decoder.block_size(config)
+        if room >= 1:
+            config.max_new_tokens = min(config.max_new_tokens, room)
+    try:
+        decoder.check([prompt], config)
+    except DFlash2Error as err:
+        raise _as_api_error(str(err), request) from None
+    prefix = "chatcmpl-" if request.kind == "chat" else "cmpl-"
+    job = Job(prefix + uuid.uuid4().hex[:24], request, prompt, config, sink)
+    job.stream = TextStream(text_tokenizer or pipeline.tokenizer, request.stop)
+    return job
+
+
+def _as_api_error(message: str, request: ApiRequest) -> ApiError:
+    """The engine's one-line message, with its field names as the request spells them."""
+    message = message.replace("max_new_tokens", request.max_tokens_field)
+    if message.startswith("prompt of"):
+        return bad_request(f"This model's context is too short for the request: {message}. Shorten the prompt or "
+                           f"lower '{request.max_tokens_field}'.", "messages" if request.kind == "chat" else "prompt",
+                           "context_length_exceeded")
+    for name in (request.max_tokens_field, "temperature", "top_p", "top_k", "seed"):
+        if message.startswith(name):
+            return bad_request(f"'{name}'{message[len(name):]}.", name)
+    return bad_request(message + ".")

@@ -1,0 +1,95 @@
+"""What a `dflash2 serve` process is configured with, checked before anything is loaded.
+
+Contract:
+- `RequestDefaults`: the generation settings a request gets for every field it leaves out
+  (`max_tokens`, `temperature`, `top_p`, `top_k`, `seed`; `seed=None` draws a fresh seed per
+  request, so unseeded sampled requests differ while seeded ones repeat exactly).
+- `ServeSettings`: the model (target, draft, device, dtype, speculation policy), the listener
+  (host, port; port 0 picks a free one), the batch and queue bounds, the API key, the drain
+  timeout and the defaults. Frozen: the server reads it, never changes it.
+- `validate()` raises `DFlash2Error` with one line naming the offending option (as the command
+  line spells it); the generation defaults are checked by the engine's own rule
+  (`GenerationConfig.validate`), so a default can never be something a request could not ask for.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dflash2.decoding.engine import GenerationConfig
+from dflash2.decoding.policy import SPECULATE_MODES
+from dflash2.errors import DFlash2Error, require
+
+API_KEY_ENV = "DFLASH2_API_KEY"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+# engine field -> command-line option, to name defaults in errors as the user typed them
+_DEFAULT_FLAGS = {"max_new_tokens": "--max-tokens", "temperature": "--temperature", "top_p": "--top-p",
+                  "top_k": "--top-k", "seed": "--seed"}
+
+
+@dataclass(frozen=True)
+class RequestDefaults:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    def validate(self) -> None:
+        config = GenerationConfig(max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
+                                  top_k=self.top_k, seed=0 if self.seed is None else self.seed)
+        try:
+            config.validate()
+        except DFlash2Error as err:
+            message = str(err)
+            for name, flag in _DEFAULT_FLAGS.items():
+                if message.startswith(name):
+                    message = flag + message[len(name):]
+            raise DFlash2Error(message) from None
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    target: str = "smollm2"
+    draft: str | None = None
+    no_draft: bool = False
+    device: str = "cpu"
+    dtype: str = "float32"
+    draft_dtype: str = "auto"
+    speculate: str = "auto"
+    tiny: bool = False                       # tiny random models (tests); see eval.benchkit.tiny_pipeline
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_name: str | None = None            # the id clients pass as `model`; default: the target's name
+    max_batch: int = 16                      # rows decoded together
+    max_queue: int = 64                      # requests waiting for a row; beyond it: 429
+    retry_after_s: int = 1                   # the Retry-After a 429 carries
+    api_key: str | None = None
+    drain_timeout_s: float = 60.0            # SIGTERM: how long in-flight requests may take to finish
+    log_level: str = "info"
+    access_log: bool = False
+    threads: int | None = None               # torch CPU threads
+    defaults: RequestDefaults = field(default_factory=RequestDefaults)
+
+    @property
+    def served_model(self) -> str:
+        if self.model_name:
+            return self.model_name
+        return "tiny-random-llama" if self.tiny else self.target
+
+    def validate(self) -> None:
+        require(self.speculate in SPECULATE_MODES,
+                f"--speculate must be one of {', '.join(SPECULATE_MODES)}, got '{self.speculate}'")
+        require(not (self.no_draft and self.draft), "give at most one of --draft and --no-draft")
+        require(isinstance(self.port, int) and 0 <= self.port <= 65535, f"--port must be in 0..65535, got {self.port}")
+        require(bool(self.host), "--host must not be empty")
+        require(self.max_batch >= 1, f"--max-batch must be at least 1, got {self.max_batch}")
+        require(self.max_queue >= 0, f"--max-queue must be 0 or more, got {self.max_queue}")
+        require(self.retry_after_s >= 1, f"--retry-after must be at least 1 second, got {self.retry_after_s}")
+        require(self.drain_timeout_s > 0, f"--drain-timeout must be positive, got {self.drain_timeout_s}")
+        require(self.api_key is None or self.api_key.strip() != "", "--api-key must not be empty")
+        require(self.threads is None or self.threads > 0, f"--threads must be positive, got {self.threads}")
+        require(self.log_level in ("critical", "error", "warning", "info", "debug"),
+                f"--log-level must be one of critical, error, warning, info, debug, got '{self.log_level}'")
+        require(self.model_name is None or self.model_name.strip() != "", "--model-name must not be empty")
+        self.defaults.validate()

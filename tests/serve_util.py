@@ -1,0 +1,87 @@
+"""Helpers shared by the serve tests: a live server on loopback (in a thread), tiny pipelines with a
+fault you can trigger, and engine references."""
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+
+from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.target import TargetAdapter
+from dflash2.eval.benchkit import TinyTokenizer
+from dflash2.pipeline import Pipeline
+from dflash2.serve.cli import bind, make_server, url_of
+from dflash2.serve.settings import ServeSettings
+from dflash2.targets.tiny import tiny_draft, tiny_target
+
+API_KEY = "sk-test-dflash2"
+POISON = 126   # a prompt holding this token id makes the target fail (TinyTokenizer never writes it
+               # for the letters, digits and spaces the tests use)
+
+
+class PoisonTarget(TargetAdapter):
+    """A real target adapter that fails when a new row's prompt holds `POISON`: a request that
+    breaks the batch it joins, so the tests can check that it breaks nothing else."""
+
+    def add_rows(self, prompts):
+        if any(POISON in prompt for prompt in prompts):
+            raise RuntimeError("poisoned prompt")
+        return super().add_rows(prompts)
+
+
+def tiny_serving_pipeline(speculate: str = "always", poison: bool = False) -> Pipeline:
+    """The `--tiny` models (`benchkit.tiny_pipeline`, seed 0), optionally with `PoisonTarget`."""
+    target = tiny_target("llama", seed=0)
+    draft = tiny_draft(target, seed=0)
+    adapter = (PoisonTarget if poison else TargetAdapter)(target, draft.config.target_layer_ids)
+    decoder = SpeculativeDecoder(adapter, draft, speculate=speculate)
+    return Pipeline(decoder, TinyTokenizer(target.config.vocab_size), (), "tiny random DFlash2 draft [DFlash2]", False)
+
+
+class LiveServer:
+    """`dflash2 serve`'s own server object on a free loopback port, run in a thread."""
+
+    def __init__(self, pipeline: Pipeline, **settings):
+        self.settings = ServeSettings(tiny=True, port=0, **settings)
+        self.settings.validate()
+        self.pipeline = pipeline
+        self.sock = bind("127.0.0.1", 0)
+        self.url = url_of(self.sock)
+        self.server = make_server(pipeline, self.settings)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            assert self.thread.is_alive() and time.time() < deadline, "server did not start"
+            time.sleep(0.02)
+        self.scheduler = self.server.config.app.state.scheduler
+
+    @property
+    def model(self) -> str:
+        return self.settings.served_model
+
+    def health(self) -> dict:
+        response = httpx.get(self.url + "/health", timeout=10)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def metrics(self) -> str:
+        return httpx.get(self.url + "/metrics", timeout=10).text
+
+    def wait_idle(self, timeout: float = 20.0) -> None:
+        deadline = time.time() + timeout
+        while self.scheduler.running or self.scheduler.queue_depth:
+            assert time.time() < deadline, f"rows still running: {self.scheduler.running}"
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def reference(decoder, prompt_ids: list[int], max_tokens: int, stop_token_ids=()) -> list[int]:
+    """What `dflash2 generate` gives for one prompt, greedy: the engine alone on that prompt."""
+    config = GenerationConfig(max_new_tokens=max_tokens, temperature=0.0, stop_token_ids=tuple(stop_token_ids))
+    [result] = decoder.generate([prompt_ids], config)
+    return result.tokens

@@ -1,0 +1,111 @@
+"""`dflash2 serve` as a command: bad options fail in one line before anything loads, and a real
+server process (tiny models) answers like the engine and drains its requests on SIGTERM."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from dflash2.cli import main
+from serve_util import reference, tiny_serving_pipeline
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--max-batch", "0"], "--max-batch must be at least 1"),
+    (["--max-queue", "-1"], "--max-queue"),
+    (["--port", "70000"], "--port must be in 0..65535"),
+    (["--speculate", "sometimes"], "--speculate"),
+    (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
+    (["--top-p", "2"], "--top-p must be in (0, 1]"),
+    (["--max-tokens", "0"], "--max-tokens must be a positive integer"),
+    (["--api-key", " "], "--api-key must not be empty"),
+    (["--draft", "somewhere", "--no-draft"], "at most one of --draft and --no-draft"),
+    (["--log-level", "loud"], "--log-level"),
+    (["--bogus"], "unrecognized arguments"),
+])
+def test_bad_options_fail_in_one_line(argv, words, capsys):
+    started = time.perf_counter()
+    assert main(["serve", "--tiny", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and words in err and err.count("\n") == 1
+    assert time.perf_counter() - started < 2            # nothing was loaded
+
+
+def test_busy_port_fails_in_one_line(capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--tiny", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot listen on 127.0.0.1:{port}") and err.count("\n") == 1
+
+
+def _start(tmp_path):
+    log = open(tmp_path / "serve.log", "w+")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", DFLASH2_API_KEY="from-env")
+    proc = subprocess.Popen([sys.executable, "-m", "dflash2.cli", "serve", "--tiny", "--port", "0",
+                             "--speculate", "always", "--threads", "1", "--log-level", "warning"],
+                            stderr=log, stdout=log, env=env)
+    deadline = time.time() + 90
+    url = None
+    while url is None:
+        assert proc.poll() is None and time.time() < deadline, (tmp_path / "serve.log").read_text()
+        for line in (tmp_path / "serve.log").read_text().splitlines():
+            if line.startswith("dflash2 serve: http://"):
+                url = line.split()[2]
+        time.sleep(0.1)
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        assert time.time() < deadline
+        time.sleep(0.1)
+
+
+def test_server_process_answers_like_the_engine_and_drains_on_sigterm(tmp_path):
+    proc, url = _start(tmp_path)
+    try:
+        api = openai.OpenAI(base_url=url + "/v1", api_key="from-env", max_retries=0, timeout=60)
+        engine = tiny_serving_pipeline(speculate="never")
+        prompts = [f"drain me {i}" for i in range(3)]
+        want = [reference(engine.decoder, engine.tokenizer(p)["input_ids"], 150) for p in prompts]
+        going = threading.Barrier(4)
+
+        def streamed(i):
+            stream = api.completions.create(model="tiny-random-llama", prompt=prompts[i], max_tokens=150,
+                                            stream=True, extra_body={"return_token_ids": True})
+            tokens, reasons = [], []
+            for n, chunk in enumerate(stream):
+                tokens += chunk.choices[0].token_ids or []
+                reasons.append(chunk.choices[0].finish_reason)
+                if n == 1:
+                    going.wait(timeout=60)
+            return tokens, reasons[-1]
+
+        with ThreadPoolExecutor(3) as pool:
+            jobs = [pool.submit(streamed, i) for i in range(3)]
+            going.wait(timeout=60)                       # three answers are streaming
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            with pytest.raises(httpx.TransportError):     # no new connections while draining
+                httpx.get(url + "/health", timeout=5)
+            results = [job.result(timeout=120) for job in jobs]
+        assert results == [(w, "length") for w in want]  # every request in flight finished, in full
+        assert proc.wait(timeout=60) == 0
+        assert "dflash2 serve: stopped" in (tmp_path / "serve.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
