@@ -35,6 +35,14 @@ def broken(**changes):
     (dict(mask_token_id=248320), "mask_token_id"),
     (dict(conv_group_size=7), "conv_group_size"),
     (dict(num_key_value_heads=7), "num_key_value_heads"),
+    # wrong types name the field too (they used to surface as "invalid config: '>' not supported ..."
+    # or as a traceback)
+    (dict(rope_theta="fast"), "'rope_theta' must be a number"),
+    (dict(layer_types=5), "'layer_types' must be a list of strings"),
+    (dict(target_layer_ids=5), "'dflash_config.target_layer_ids' must be a list of integers"),
+    (dict(selector_rank="x"), "'dflash_config.selector_rank' must be an integer"),
+    (dict(conv_group_size="16"), "'dflash_config.conv_group_size' must be an integer"),
+    (dict(block_size=True), "'dflash_config.block_size' must be an integer"),
 ])
 def test_config_errors_name_the_field(changes, words):
     with pytest.raises(DFlash2Error, match=words) as info:
@@ -112,4 +120,23 @@ def test_cli_bad_draft_config(capsys, tmp_path):
 def test_cli_draft_for_another_target(capsys, tmp_path):
     tiny_draft(tiny_target("llama")).save_pretrained(tmp_path / "d")
     code, err = run_cli(capsys, "generate", "--prompt", "hi", "--draft", str(tmp_path / "d"))
-    assert code == 2 and "mismatch" in err and "\n" not in err
+    assert code == 2 and "\n" not in err
+    assert "was made for a target with hidden size 64, vocab 128, 6 layers, not for 'smollm2'" in err
+
+
+def test_a_draft_for_another_target_names_the_target_it_was_made_for():
+    from transformers import LlamaConfig
+
+    from dflash2.model.shape import DraftShape
+    from dflash2.pipeline import check_draft_fits
+    from dflash2.targets.builtin import TargetFiles
+
+    smollm2_like = LlamaConfig(hidden_size=576, vocab_size=49152, num_hidden_layers=30, num_attention_heads=9,
+                               num_key_value_heads=3, intermediate_size=1536)
+    config = DFlash2Config.for_target(smollm2_like, DraftShape(num_layers=1), mask_token_id=0)
+    tiny = TargetFiles("tiny", "tiny", None, tiny_target("llama").config)
+    with pytest.raises(DFlash2Error) as info:
+        check_draft_fits(config, tiny, "my-draft")
+    assert str(info.value).startswith("draft 'my-draft' was made for a target with hidden size 576, vocab 49152, "
+                                      "30 layers (e.g. the built-in 'smollm2'), not for 'tiny' (hidden size 64, "
+                                      "vocab 128, 6 layers)")

@@ -118,10 +118,12 @@ def test_save_is_atomic_when_writing_fails(tmp_path, tiny_models, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(draft_module, "save_file", failing_save)
-    with pytest.raises(OSError):
-        draft.save_pretrained(tmp_path / "d")
+    for path in (tmp_path / "d", tmp_path / "new"):  # into an existing directory, and a new one
+        with pytest.raises(OSError):
+            draft.save_pretrained(path)
     assert (tmp_path / "d" / "model.safetensors").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["config.json", "model.safetensors"]
 
 
 def test_draft_dtype_auto_rules(monkeypatch):

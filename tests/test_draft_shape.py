@@ -40,7 +40,7 @@ def test_every_producer_takes_the_same_defaults():
     assert config.to_dict() == DFlash2Config.for_target(target.config, DEFAULT_SHAPE, mask_token_id=100).to_dict()
     assert (config.num_hidden_layers, config.selector_rank, config.block_size, config.sliding_window) == (5, 256, 8, 2048)
     assert config.target_layer_ids == [1, 2, 3, 4, 5]                  # min(5, L - 3) taps spread over 1..L-3
-    pipeline_draft = new_draft(target, _Tokenizer())
+    pipeline_draft = new_draft(target.config, _Tokenizer())
     assert pipeline_draft.config.to_dict() == config.to_dict() and not pipeline_draft.training
 
 
@@ -48,7 +48,7 @@ def test_factory_is_seeded_and_shared():
     target = tiny_target("llama")
     shape = DraftShape(num_layers=2, selector_rank=8)
     a = create_draft(target.config, shape, mask_token_id=100, seed=3)
-    b = new_draft(target, _Tokenizer(), shape, seed=3)
+    b = new_draft(target.config, _Tokenizer(), shape, seed=3)
     c = create_draft(target.config, dataclasses.replace(shape, use_selector=False), mask_token_id=100, seed=3,
                      final_norm_init=0.5)
     for name, tensor in a.state_dict().items():

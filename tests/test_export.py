@@ -41,7 +41,7 @@ def export(src: Path, form: str, out: Path, **kw):
 
 
 def greedy_tokens(target, draft, temperature: float = 0.0) -> list[list[int]]:
-    decoder = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft)
+    decoder = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft, "always")
     prompts = [[1, 5, 9, 17, 33, 60], [1, 7, 7, 7, 21, 44, 90, 3, 12]]
     config = GenerationConfig(max_new_tokens=24, temperature=temperature, seed=3)
     return [r.tokens for r in decoder.generate(prompts, config)]
@@ -102,8 +102,8 @@ def test_missing_part_gets_its_neutral_form_and_the_same_tokens(tmp_path, target
     ours, theirs = greedy_tokens(target, original), greedy_tokens(target, reloaded)
     assert ours == theirs
     # the proposals are the same too, not only the (lossless) output: same acceptance per cycle
-    dec_a = SpeculativeDecoder(TargetAdapter(target, original.config.target_layer_ids), original)
-    dec_b = SpeculativeDecoder(TargetAdapter(target, reloaded.config.target_layer_ids), reloaded)
+    dec_a = SpeculativeDecoder(TargetAdapter(target, original.config.target_layer_ids), original, "always")
+    dec_b = SpeculativeDecoder(TargetAdapter(target, reloaded.config.target_layer_ids), reloaded, "always")
     cfg = GenerationConfig(max_new_tokens=24)
     cycles_a = [r.stats.committed_per_cycle for r in dec_a.generate([[1, 5, 9, 17]], cfg)]
     cycles_b = [r.stats.committed_per_cycle for r in dec_b.generate([[1, 5, 9, 17]], cfg)]
@@ -159,6 +159,35 @@ def test_dflash_v1_measures_its_cost_with_the_reloaded_export(tmp_path, target):
     assert 1.0 <= cost.exported_acceptance_length <= 8 and 1.0 <= cost.original_acceptance_length <= 8
     assert cost.identical_outputs  # greedy: both are the target's own output
     assert "acceptance length" in cost.line() and "identical: True" in cost.line()
+
+
+def test_reduced_vocabulary_draft_is_refused_without_full_vocabulary(tmp_path, target, capsys):
+    src = save(tiny_draft(target, draft_vocab_size=40), tmp_path / "src")
+    assert main(["export", str(src), "--to", "dflash2", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "reduced vocabulary of 40 tokens" in err[0] and "--full-vocabulary" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("form", ["dflash2", "dflash-v1"])
+def test_full_vocabulary_export_drops_the_mapping_and_measures_its_cost(tmp_path, target, form):
+    """Engines score the whole vocabulary: the export has no d2t / t2d and no draft_vocab_size, keeps
+    every other weight, decodes the target's own tokens, and its acceptance cost is measured."""
+    draft = tiny_draft(target, draft_vocab_size=40)
+    src = save(draft, tmp_path / "src")
+    pipe = Pipeline(SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft), _Tokenizer(),
+                    (), "tiny", False)
+    settings = ExportSettings(draft=src, form=form, out=tmp_path / "out", full_vocabulary=True, measure_prompts=2,
+                              measure_tokens=10)
+    result = export_draft(settings, pipeline=pipe)
+    assert result.dropped[0] == "draft vocabulary (40 tokens)"
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert "draft_vocab_size" not in config["dflash_config"]
+    exported = DFlash2DraftModel.from_pretrained(tmp_path / "out")
+    assert not hasattr(exported, "d2t") and exported.config.draft_vocab_size is None
+    assert torch.equal(exported.fc.weight, DFlash2DraftModel.from_pretrained(src).fc.weight)
+    assert result.cost is not None and result.cost.identical_outputs
+    assert greedy_tokens(target, exported) == greedy_tokens(target, DFlash2DraftModel.from_pretrained(src))
 
 
 # ------------------------------------------------------------------ gguf form

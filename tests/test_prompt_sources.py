@@ -101,7 +101,7 @@ def test_regenerate_can_choose_chitchat(monkeypatch):
     pytest.importorskip("chitchat_dataset")
     required = ["--out", "d", "--num-prompts", "3"]
     assert regen.build_parser().parse_args([*required, "--source", "chitchat"]).source == "chitchat"
-    with pytest.raises(SystemExit):
+    with pytest.raises(DFlash2Error, match="--source"):  # one line, not argparse's usage block
         regen.build_parser().parse_args([*required, "--source", "nope"])
     monkeypatch.setattr(regen, "encode_prompt", lambda tokenizer, text: [ord(ch) for ch in text])
     chosen = regen.encode_training_prompts(None, 3, source="chitchat", max_prompt_tokens=60)

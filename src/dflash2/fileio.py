@@ -1,17 +1,39 @@
-"""Atomic file and directory writes.
+"""Atomic file and directory writes, and the one rule for a command's output directory.
 
-Contract: nothing a user already has is ever left half-written. `atomic_write` writes through a
-temporary file in the same directory and renames it into place; `atomic_directory` builds a whole
-directory beside the destination and swaps it in only when everything inside was written.
+Contract:
+- Nothing a user already has is ever left half-written. `atomic_write` (an open handle) and
+  `atomic_file` (a path, for writers that want a file name) write through a temporary file in the
+  same directory and rename it into place; `atomic_directory` builds a whole
+  directory beside the destination and swaps it in only when everything inside was written (an
+  existing destination is replaced: callers own it, or asked for it through
+  `refuse_existing_output`). Both leave modes as the user's umask makes them (files
+  0666 & ~umask, directories 0777 & ~umask), like any ordinary new file.
+- `refuse_existing_output(path, force, flag, force_flag, writes)` is the one rule for every
+  command that writes a directory: a new or empty directory is fine, a file is refused, a
+  non-empty directory is refused unless the user passed `force_flag`; even then the command
+  replaces only what it writes there (`writes`, named in the message), never anything else.
+  `require_creatable(path, flag)` is its check for a path that does not exist yet (none of its
+  parents may be a file).
+- `remove_own(directory, names)` removes exactly the named entries of `directory` (a command's own
+  outputs, on the user's explicit request), nothing else.
+- `remove_stale_temporaries(directory, names)` removes what an interrupted (killed) write of one
+  of `names` left behind: only entries of exactly our temporary pattern, `.<name>.<8 chars>.tmp`
+  and `.<name>.old` (optionally only those untouched for a while), never anything a user made.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
+
+from dflash2.errors import DFlash2Error, require
+
+_TEMP_SUFFIX = r"\.[a-z0-9_]{8}\.tmp"  # what mkstemp / mkdtemp add between our prefix and suffix
 
 
 def _umask() -> int:
@@ -20,33 +42,59 @@ def _umask() -> int:
     return mask
 
 
+def _publish(root: Path) -> None:
+    """Give a finished temporary file or tree the modes of ordinary new ones (mkstemp / mkdtemp make
+    0600 / 0700, and some writers copy those)."""
+    mask = _umask()
+    if root.is_dir():
+        for folder, dirs, files in os.walk(root):
+            os.chmod(folder, 0o777 & ~mask)
+            for name in files:
+                os.chmod(os.path.join(folder, name), 0o666 & ~mask)
+    else:
+        os.chmod(root, 0o666 & ~mask)
+
+
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator:
-    """Open a temporary file next to `path`; on success fsync it and rename it over `path`."""
-    path = Path(path)
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to `path` for a writer that wants a file name; on success the
+    file is synced, given the usual mode and renamed over `path`."""
+    path = Path(path).absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a finished file gets the usual mode
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, mode) as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _publish(tmp)
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator:
+    """Open a temporary file next to `path`; on success it is renamed over `path` (`atomic_file`)."""
+    with atomic_file(path) as tmp:
+        with open(tmp, mode) as handle:
+            yield handle
 
 
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a fresh temporary directory; on success it replaces `path` (an old one is removed)."""
-    path = Path(path)
+    path = Path(path).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
+        _publish(tmp)
         if path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -58,3 +106,53 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def require_creatable(path: str | os.PathLike, flag: str) -> None:
+    """Refuse a new path that lies below a file (`out.txt/run`): no directory can be made there."""
+    blocking = next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
+    require(blocking is None, f"{flag} '{path}': '{blocking}' is a file, not a directory; choose another path")
+
+
+def refuse_existing_output(path: str | os.PathLike, force: bool, flag: str, force_flag: str, writes: str) -> None:
+    """Raise a one-line `DFlash2Error` unless the command may write its outputs (`writes`) into `path`."""
+    path = Path(path)
+    if not path.exists():
+        require_creatable(path, flag)
+        return
+    require(path.is_dir(), f"{flag} '{path}' exists and is not a directory; choose a new directory")
+    if force or not any(path.iterdir()):
+        return
+    raise DFlash2Error(f"{flag} '{path}' already exists and is not empty; choose a new directory, or pass "
+                       f"{force_flag} to replace {writes} there (nothing else in it is touched)")
+
+
+def _remove(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry)
+    else:
+        entry.unlink(missing_ok=True)
+
+
+def remove_own(directory: str | os.PathLike, names: Iterable[str]) -> list[str]:
+    """Remove the named entries of `directory` (files or folders); returns the names removed."""
+    removed = [name for name in names if os.path.lexists(Path(directory) / name)]
+    for name in removed:
+        _remove(Path(directory) / name)
+    return removed
+
+
+def remove_stale_temporaries(directory: str | os.PathLike, names: str, min_age_s: float = 0.0) -> list[str]:
+    """Remove the leftovers of killed atomic writes of the entries whose names match the regular
+    expression `names` (e.g. r"step-\\d{8}"), untouched for at least `min_age_s` seconds (where
+    another process may be writing one right now); returns what was removed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    pattern = re.compile(rf"\.(?:{names})(?:{_TEMP_SUFFIX}|\.old)")
+    now = time.time()
+    stale = sorted(entry.name for entry in directory.iterdir()
+                   if pattern.fullmatch(entry.name) and now - entry.lstat().st_mtime >= min_age_s)
+    for name in stale:
+        _remove(directory / name)
+    return stale

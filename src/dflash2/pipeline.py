@@ -2,11 +2,19 @@
 regenerate) does first.
 
 Contract:
-- `new_draft(model, tokenizer, shape=DraftShape(), seed=0)`: a correctly shaped, freshly
-  initialised (untrained) draft from the draft factory (`model.factory.create_draft`).
+- `new_draft(target_config, tokenizer, shape=DraftShape(), seed=0)`: a correctly shaped, freshly
+  initialised (untrained) draft from the draft factory (`model.factory.create_draft`); it needs
+  the target's Hugging Face config and tokenizer, not its weights.
 - `shipped_draft_path(target_name)`: the trained draft shipped in the package for a built-in
   target, or None.
-- `load_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate)` -> `Pipeline` with the decoder, the
+- `prepare_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate)` -> `DecoderPlan`:
+  every check that needs no target weights, in this order: the options (`--draft` with
+  `--no-draft` is refused), the draft (loaded and checked: config, weights headers, shapes,
+  NaN / inf), the target's config and tokenizer, and whether the draft was made for this target
+  ("this draft was made for a target with hidden size H, vocab V, L layers (e.g. the built-in X)").
+  `plan.check_prompt(ids, config)` applies the engine's context rule with the plan's block size;
+  `plan.load()` loads the target's weights and returns the `Pipeline`.
+- `load_decoder(...)` = `prepare_decoder(...).load()` -> `Pipeline` with the decoder, the
   tokenizer, the stop tokens and a one-line description of the draft in use ("untrained" when no
   trained draft exists for that target).
 """
@@ -18,15 +26,17 @@ from pathlib import Path
 
 import torch
 
-from dflash2.targets.chat import choose_mask_token, stop_token_ids
-from dflash2.model.draft import DFlash2DraftModel, read_config
+from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder, check_context, effective_block_size
+from dflash2.decoding.policy import SPECULATE_MODES
+from dflash2.decoding.target import TargetAdapter, context_limit
+from dflash2.errors import DFlash2Error, require
+from dflash2.model.config import DFlash2Config
+from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape, target_text_config
-from dflash2.decoding.engine import SpeculativeDecoder
-from dflash2.decoding.policy import SPECULATE_MODES
-from dflash2.errors import require
-from dflash2.decoding.target import TargetAdapter
-from dflash2.targets.builtin import BUILTIN_TARGETS, load_target
+from dflash2.targets.builtin import (BUILTIN_TARGETS, TargetFiles, TargetShape, builtins_shaped, load_target_model,
+                                     open_target)
+from dflash2.targets.chat import choose_mask_token, stop_token_ids
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -54,10 +64,11 @@ def draft_dtype_for(name: str, device: str, target_dtype: torch.dtype) -> torch.
     return target_dtype
 
 
-def new_draft(model, tokenizer, shape: DraftShape = DEFAULT_SHAPE, seed: int = 0) -> DFlash2DraftModel:
-    """An untrained draft of `shape` (default: the published shape) for `model`, in eval mode."""
-    mask = choose_mask_token(tokenizer, target_text_config(model.config).vocab_size)
-    return create_draft(model.config, shape, mask_token_id=mask, seed=seed).eval()
+def new_draft(target_config, tokenizer, shape: DraftShape = DEFAULT_SHAPE, seed: int = 0) -> DFlash2DraftModel:
+    """An untrained draft of `shape` (default: the published shape) for a target's Hugging Face
+    config (the target's weights are not needed), in eval mode."""
+    mask = choose_mask_token(tokenizer, target_text_config(target_config).vocab_size)
+    return create_draft(target_config, shape, mask_token_id=mask, seed=seed).eval()
 
 
 def shipped_draft_path(target_name: str) -> Path | None:
@@ -74,33 +85,96 @@ class Pipeline:
     trained_draft: bool
 
 
+def check_draft_fits(draft: DFlash2Config, target: TargetFiles, where: str) -> None:
+    """Refuse a draft made for another target, saying which shape of target it was made for."""
+    made_for = TargetShape(draft.target_hidden_size, draft.vocab_size, draft.num_target_layers)
+    actual = TargetShape.of(target.config)
+    if made_for == actual:  # the draft's own hidden size is checked by the engine (it borrows the target's embeddings)
+        return
+    known = builtins_shaped(made_for)
+    example = f" (e.g. the built-in '{known[0]}')" if known else ""
+    raise DFlash2Error(f"draft '{where}' was made for a target with {made_for.describe()}{example}, not for "
+                       f"'{target.name}' ({actual.describe()}); give a draft trained for '{target.name}' "
+                       f"(dflash2 init-draft --target {target.name} makes an untrained one)")
+
+
+@dataclass
+class DecoderPlan:
+    """Everything checked and loaded that loads fast (options, the draft, the target's config and
+    tokenizer); `load()` then loads the target's weights (the slow part) and builds the `Pipeline`.
+    Commands check their input against `tokenizer` / `block_size` / `max_positions` in between."""
+
+    target: TargetFiles
+    device: str
+    dtype: torch.dtype
+    speculate: str
+    no_draft: bool
+    draft: DFlash2DraftModel | None     # None: autoregressive, or an untrained draft made at load()
+    draft_dtype: torch.dtype
+    description: str
+    trained: bool
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    @property
+    def max_positions(self) -> int:
+        return context_limit(target_text_config(self.target.config))
+
+    def block_size(self, config: GenerationConfig) -> int:
+        """The engine's block size rule for the draft `load()` will use (an untrained one: DEFAULT_SHAPE's)."""
+        draft = None if self.no_draft else self.draft.config if self.draft is not None else DEFAULT_SHAPE
+        return effective_block_size(draft, config)
+
+    def check_prompt(self, ids: list[int], config: GenerationConfig) -> None:
+        """The engine's context rule, before the target's weights load."""
+        check_context(len(ids), config, self.block_size(config), self.max_positions)
+
+    def load(self) -> Pipeline:
+        model = load_target_model(self.target, self.device, self.dtype)
+        tokenizer = self.target.tokenizer
+        stops = stop_token_ids(tokenizer, model.config)
+        if self.no_draft:
+            return Pipeline(SpeculativeDecoder(TargetAdapter(model)), tokenizer, stops, "none (autoregressive)", False)
+        draft = self.draft if self.draft is not None else new_draft(model.config, tokenizer)
+        draft = draft.to(device=self.device, dtype=self.draft_dtype)
+        kind = "DFlash2" if draft.config.is_dflash2 else "DFlash v1"
+        adapter = TargetAdapter(model, draft.config.target_layer_ids)
+        return Pipeline(SpeculativeDecoder(adapter, draft, speculate=self.speculate), tokenizer, stops,
+                        f"{self.description} [{kind}, {str(self.draft_dtype).removeprefix('torch.')}]", self.trained)
+
+
+def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: str = "cpu",
+                    dtype: str = "float32", no_draft: bool = False, draft_dtype: str = "auto",
+                    speculate: str = "auto") -> DecoderPlan:
+    """Check the options, load the draft (refusing bad weights) and the target's config and
+    tokenizer, and check that the draft fits the target: every input check that needs no target
+    weights, so bad input fails in well under a second instead of after the target loads."""
+    require(speculate in SPECULATE_MODES, f"--speculate must be one of {', '.join(SPECULATE_MODES)}, got '{speculate}'")
+    require(not (no_draft and draft is not None), "give at most one of --draft and --no-draft")
+    torch_dtype = parse_dtype(dtype)
+    draft_torch_dtype = draft_dtype_for(draft_dtype, device, torch_dtype)
+    require(device == "cpu" or device.startswith("cuda") or device == "mps", f"unknown device '{device}'")
+    require(not device.startswith("cuda") or torch.cuda.is_available(), f"device '{device}' requested but CUDA is not available")
+    draft_model, description, trained = None, "none (autoregressive)", False
+    if draft is not None:  # a user's draft: checked (and loaded) before anything of the target
+        draft_model, description, trained = DFlash2DraftModel.from_pretrained(draft, draft_torch_dtype), f"{draft}", True
+    files = open_target(target)
+    if draft is None and not no_draft:
+        shipped = shipped_draft_path(target) if target in BUILTIN_TARGETS else None
+        if shipped is None:
+            description = f"untrained DFlash2 draft for '{target}' (no trained draft ships for it yet)"
+        else:
+            draft_model = DFlash2DraftModel.from_pretrained(shipped, draft_torch_dtype)
+            description, trained = f"shipped {shipped.name}", True
+    if draft_model is not None:
+        check_draft_fits(draft_model.config, files, draft or description)
+    return DecoderPlan(files, device, torch_dtype, speculate, no_draft, draft_model, draft_torch_dtype, description,
+                       trained)
+
+
 def load_decoder(target: str = "smollm2", draft: str | None = None, device: str = "cpu",
                  dtype: str = "float32", no_draft: bool = False, draft_dtype: str = "auto",
                  speculate: str = "auto") -> Pipeline:
-    require(speculate in SPECULATE_MODES, f"--speculate must be one of {', '.join(SPECULATE_MODES)}, got '{speculate}'")
-    torch_dtype = parse_dtype(dtype)
-    draft_torch_dtype = draft_dtype_for(draft_dtype, device, torch_dtype)
-    if draft is not None and not no_draft:  # fail on a bad draft before the (slow) target load
-        require(Path(draft).is_dir(), f"draft '{draft}' is not a directory with config.json and weights")
-        read_config(draft)
-    require(device == "cpu" or device.startswith("cuda") or device == "mps", f"unknown device '{device}'")
-    require(not device.startswith("cuda") or torch.cuda.is_available(), f"device '{device}' requested but CUDA is not available")
-    model, tokenizer = load_target(target, device=device, dtype=torch_dtype)
-    stops = stop_token_ids(tokenizer, model.config)
-    if no_draft:
-        return Pipeline(SpeculativeDecoder(TargetAdapter(model)), tokenizer, stops, "none (autoregressive)", False)
-    trained = True
-    if draft is None:
-        shipped = shipped_draft_path(target) if target in BUILTIN_TARGETS else None
-        if shipped is None:
-            draft_model = new_draft(model, tokenizer)
-            description, trained = f"untrained DFlash2 draft for '{target}' (no trained draft ships for it yet)", False
-        else:
-            draft_model, description = DFlash2DraftModel.from_pretrained(shipped, draft_torch_dtype, device), f"shipped {shipped.name}"
-    else:
-        draft_model, description = DFlash2DraftModel.from_pretrained(draft, draft_torch_dtype, device), f"{draft}"
-    draft_model = draft_model.to(device=device, dtype=draft_torch_dtype)
-    kind = "DFlash2" if draft_model.config.is_dflash2 else "DFlash v1"
-    adapter = TargetAdapter(model, draft_model.config.target_layer_ids)
-    return Pipeline(SpeculativeDecoder(adapter, draft_model, speculate=speculate), tokenizer, stops,
-                    f"{description} [{kind}, {str(draft_torch_dtype).removeprefix('torch.')}]", trained)
+    return prepare_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate).load()

@@ -7,6 +7,8 @@ Contract:
   at most `max_prompt_tokens` tokens, generates the responses with the engine (autoregressive, or
   speculative with `draft`, which is lossless) and stores them as token-id shards (`shards.py`).
   Returns a summary dict (records added and stored, response tokens and tokens/s of this run).
+  Every setting, the output directory (`shards.check_output_dir`) and the draft (its weights, and
+  that it was made for this target) are checked before the target's weights load.
 - `generate_shards(model, prompts, out_dir, manifest_fields, ...)` is the tokenizer-free core:
   `prompts` are `Prompt(id, tokens)`. Pending prompts are sorted by length and decoded in batches
   of `batch_size` (less padding); each response keeps its stop token.
@@ -33,6 +35,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from dflash2.argparsing import OneLineParser
 from dflash2.targets.chat import encode_prompt, stop_token_ids
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.errors import DFlash2Error, require
@@ -143,13 +146,13 @@ def _decode_into(decoder: SpeculativeDecoder, writer: ShardWriter, pending: list
 def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_fields: dict, *,
                     max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                     stop_ids=(), batch_size: int = 16, seed: int = 0, draft=None, shard_size: int = 256,
-                    run: dict | None = None, progress: bool = True) -> dict:
+                    run: dict | None = None, progress: bool = True, draft_label: str | None = None) -> dict:
     """Generate the responses of the prompts not yet stored in `out_dir` and store them."""
-    require(isinstance(batch_size, int) and batch_size > 0, f"batch_size must be a positive integer, got {batch_size!r}")
+    check_settings(batch_size, max_new_tokens, temperature, top_p, top_k)
     ids = [p.id for p in prompts]
     require(len(set(ids)) == len(ids), "prompt ids must be unique")
-    GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k).validate()
-    draft_label = None if draft is None else str(draft) if isinstance(draft, (str, Path)) else type(draft).__name__
+    if draft_label is None and draft is not None:
+        draft_label = str(draft) if isinstance(draft, (str, Path)) else type(draft).__name__
     if isinstance(draft, (str, Path)):
         from dflash2.model.draft import DFlash2DraftModel
 
@@ -179,17 +182,35 @@ def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_
     return summary
 
 
+def check_settings(batch_size: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int) -> None:
+    require(isinstance(batch_size, int) and batch_size > 0, f"batch_size must be a positive integer, got {batch_size!r}")
+    GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k).validate()
+
+
 def regenerate(target: str, out_dir: str | Path, num_prompts: int, max_new_tokens: int = 256,
                temperature: float = 0.0, batch_size: int = 16, seed: int = 0, draft=None, shard_size: int = 256,
                prompts_source: str = "sharegpt", max_prompt_tokens: int = 512, top_p: float = 1.0,
                top_k: int = 0, progress: bool = True) -> dict:
-    """Regenerate the responses of `num_prompts` training prompts with `target` into `out_dir`."""
-    from dflash2.targets.builtin import load_target, resolve_target
+    """Regenerate the responses of `num_prompts` training prompts with `target` into `out_dir`.
+    Every setting, the output directory and the draft are checked before the target loads."""
+    from dflash2.data.shards import check_output_dir
+    from dflash2.model.draft import DFlash2DraftModel
+    from dflash2.pipeline import check_draft_fits
+    from dflash2.targets.builtin import load_target_model, open_target
 
     require(isinstance(num_prompts, int) and num_prompts > 0, f"num_prompts must be a positive integer, got {num_prompts!r}")
     require(isinstance(max_prompt_tokens, int) and max_prompt_tokens > 0,
             f"max_prompt_tokens must be a positive integer, got {max_prompt_tokens!r}")
-    model, tokenizer = load_target(target)
+    require(isinstance(shard_size, int) and shard_size > 0, f"shard_size must be a positive integer, got {shard_size!r}")
+    check_settings(batch_size, max_new_tokens, temperature, top_p, top_k)
+    check_output_dir(out_dir)
+    draft_label = None if draft is None else str(draft)
+    if isinstance(draft, (str, Path)):
+        draft = DFlash2DraftModel.from_pretrained(draft)
+    files = open_target(target)
+    if draft is not None:
+        check_draft_fits(draft.config, files, draft_label)
+    model, tokenizer = load_target_model(files), files.tokenizer
     prompts = encode_training_prompts(tokenizer, num_prompts, seed, prompts_source, max_prompt_tokens)
     stop_ids = stop_token_ids(tokenizer, model.config)
     template = getattr(tokenizer, "chat_template", None)
@@ -202,11 +223,10 @@ def regenerate(target: str, out_dir: str | Path, num_prompts: int, max_new_token
                                  f"{max_prompt_tokens} tokens"},
         "sampling": sampling_fields(max_new_tokens, temperature, top_p, top_k, stop_ids, template),
     }
-    run = {"num_prompts": num_prompts, "target_path": resolve_target(target),
-           "torch_threads": torch.get_num_threads()}
+    run = {"num_prompts": num_prompts, "target_path": files.resolved, "torch_threads": torch.get_num_threads()}
     return generate_shards(model, prompts, out_dir, fields, max_new_tokens=max_new_tokens, temperature=temperature,
                            top_p=top_p, top_k=top_k, stop_ids=stop_ids, batch_size=batch_size, seed=seed,
-                           draft=draft, shard_size=shard_size, run=run, progress=progress)
+                           draft=draft, shard_size=shard_size, run=run, progress=progress, draft_label=draft_label)
 
 
 # --------------------------------------------------------------------------- command line
@@ -214,7 +234,7 @@ def regenerate(target: str, out_dir: str | Path, num_prompts: int, max_new_token
 def build_parser() -> argparse.ArgumentParser:
     from dflash2.data.prompts import TRAINING_SOURCES
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="dflash2 regenerate",
         description="Regenerate training responses with the target (resumable: rerun to continue).")
     parser.add_argument("--target", default="smollm2", help="built-in name, local directory or hub id")
@@ -238,9 +258,9 @@ def _interrupt(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM saves finished records, like Ctrl-C
     try:
+        args = build_parser().parse_args(argv)
         regenerate(args.target, args.out, args.num_prompts, max_new_tokens=args.max_new_tokens,
                    temperature=args.temperature, batch_size=args.batch_size, seed=args.seed, draft=args.draft,
                    shard_size=args.shard_size, prompts_source=args.source,

@@ -22,7 +22,8 @@ Contract:
   manifest's value (else a one-line `DFlash2Error` names the first differing field), and a record
   whose id is already stored is refused. A non-empty directory without a manifest is refused.
   One writer at a time: the directory is locked (`.writer.lock`, removed on close).
-- `load_manifest(dir)` reads and checks a manifest; `read_records(dir)` yields every stored record
+- `check_output_dir(dir)`: whether a directory can take shards (new, empty, or a shard directory),
+  without writing anything. `load_manifest(dir)` reads and checks a manifest; `read_records(dir)` yields every stored record
   in shard order (checking each shard's sha256 and record count); `done_ids(dir)` is the set of
   stored ids (empty for a missing or empty directory), used to resume.
 - Every bad or inconsistent directory raises `DFlash2Error` with a one-line message.
@@ -44,7 +45,7 @@ import numpy as np
 
 from dflash2 import __version__
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import atomic_write
+from dflash2.fileio import atomic_write, require_creatable
 
 FORMAT = "dflash2-token-shards"
 FORMAT_VERSION = 1
@@ -214,6 +215,20 @@ def done_ids(data_dir: str | os.PathLike) -> set[str]:
     return ids
 
 
+def check_output_dir(out_dir: str | os.PathLike) -> None:
+    """Raise (one line) unless `out_dir` can take shards: new, empty, or a shard directory whose
+    manifest reads (checked before anything slow starts, and again by the writer)."""
+    out = Path(out_dir)
+    if not out.exists():
+        require_creatable(out, "output directory")
+        return
+    require(out.is_dir(), f"{out} exists and is not a directory; choose an empty or new directory")
+    if (out / MANIFEST).exists():
+        load_manifest(out)
+        return
+    require(not _visible_files(out), f"{out} is not empty and has no {MANIFEST}; choose an empty or new directory")
+
+
 def _visible_files(data_dir: Path) -> list[str]:
     """Names in a directory other than hidden ones (locks, temporary files); [] if it is missing."""
     return sorted(p.name for p in data_dir.iterdir() if not p.name.startswith(".")) if data_dir.is_dir() else []
@@ -235,6 +250,7 @@ class ShardWriter:
         self.shard_size = shard_size
         self.buffer: list[Record] = []
         self.closed = False
+        check_output_dir(self.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._lock = self._acquire_lock()
         try:
@@ -265,8 +281,7 @@ class ShardWriter:
 
     def _open_manifest(self, fields: dict) -> dict:
         if not (self.out_dir / MANIFEST).exists():
-            require(not _visible_files(self.out_dir), f"{self.out_dir} is not empty and has no {MANIFEST}; "
-                                "choose an empty or new directory")
+            check_output_dir(self.out_dir)
             now = _utc_now()
             return {"format": FORMAT, "format_version": FORMAT_VERSION, "dflash2_version": __version__,
                     "created_at": now, "updated_at": now, **fields,

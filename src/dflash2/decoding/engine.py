@@ -65,6 +65,19 @@ class GenerationConfig:
         require(isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
 
 
+def check_context(prompt_tokens: int, config: GenerationConfig, block: int, limit: int) -> None:
+    """The context rule: prompt + max_new_tokens + block size (the last cycle's drafts) must fit in
+    the target's `limit` positions (a one-line `DFlash2Error` giving the whole sum)."""
+    require(prompt_tokens + config.max_new_tokens + block <= limit,
+            f"prompt of {prompt_tokens} tokens + max_new_tokens {config.max_new_tokens} + block size {block} = "
+            f"{prompt_tokens + config.max_new_tokens + block} exceeds the target's context limit of {limit} tokens")
+
+
+def effective_block_size(draft_config, config: GenerationConfig) -> int:
+    """Tokens per cycle: 1 without a draft, else the request's block size or the draft's own."""
+    return 1 if draft_config is None else (config.block_size or draft_config.block_size)
+
+
 @dataclass
 class GenerationResult:
     tokens: list[int]
@@ -146,15 +159,10 @@ class SpeculativeDecoder:
         config.validate()
         require(len(prompts) > 0, "no prompts given")
         require(all(len(p) > 0 for p in prompts), "empty prompt: give at least one token")
-        block = self.block_size(config)
-        longest = max(len(p) for p in prompts)
-        limit = self.target.max_positions
-        require(longest + config.max_new_tokens + block <= limit,
-                f"prompt of {longest} tokens + max_new_tokens {config.max_new_tokens} + block size {block} exceeds "
-                f"the target's context limit of {limit} tokens")
+        check_context(max(len(p) for p in prompts), config, self.block_size(config), self.target.max_positions)
 
     def block_size(self, config: GenerationConfig) -> int:
-        return 1 if self.draft is None else (config.block_size or self.draft.config.block_size)
+        return effective_block_size(None if self.draft is None else self.draft.config, config)
 
     def new_proposer(self, stopwatch: Stopwatch) -> DraftProposer | None:
         """The draft side of the cycle (None: autoregressive). Tests substitute oracle proposers."""

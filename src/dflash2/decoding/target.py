@@ -46,6 +46,11 @@ def decoder_layers(model) -> torch.nn.ModuleList:
     return decoder.layers
 
 
+def context_limit(text_config) -> int:
+    """The most positions a target's (text) config allows."""
+    return getattr(text_config, "max_position_embeddings", 1 << 30)
+
+
 class TargetAdapter:
     def __init__(self, model, target_layer_ids: list[int] | None = None):
         self.model = model
@@ -80,7 +85,7 @@ class TargetAdapter:
 
     @property
     def max_positions(self) -> int:
-        return getattr(self.config, "max_position_embeddings", 1 << 30)
+        return context_limit(self.config)
 
     def embed_weight(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight

@@ -23,7 +23,6 @@ Writes OUTPUT/results.json, results.md and PNGs (`plots.analysis_plots`).
 """
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
@@ -33,9 +32,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from dflash2.argparsing import OneLineParser
 from dflash2.eval import plots
-from dflash2.eval.benchkit import (add_model_arguments, build_pipeline, first_turns, git_commit, load_conversations,
-                              machine_info, machine_line, markdown_table, parse_list, write_json, write_text)
+from dflash2.eval.benchkit import (add_model_arguments, build_pipeline, check_output, first_turns, git_commit,
+                                   load_conversations, machine_info, machine_line, markdown_table, parse_list,
+                                   write_json, write_text)
 from dflash2.model.draft import apply_rope, rope_cos_sin
 from dflash2.model.mask import block_visibility
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
@@ -46,11 +47,12 @@ from dflash2.decoding.timing import Stopwatch
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="dflash2 analyze", description="Recall, oracle selector, suffix decay, "
+    p = OneLineParser(prog="dflash2 analyze", description="Recall, oracle selector, suffix decay, "
                                 "in-block attention share and latency shares of a draft.")
     add_model_arguments(p)
     p.add_argument("--dataset", default="gsm8k", help="benchmark name(s), comma separated")
-    p.add_argument("--dataset-file", default=None, help="JSONL prompts instead of (or besides) --dataset")
+    p.add_argument("--dataset-file", action="append", default=None,
+                   help="JSONL prompts instead of (or besides) --dataset (repeat for several)")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128, help="length of the target's greedy continuation")
     p.add_argument("--top-k", type=int, default=16, help="K of the top-K recall and of the oracle picker")
@@ -58,7 +60,9 @@ def parse_args(argv):
     p.add_argument("--repeats", type=int, default=15, help="timing repeats for the latency shares")
     p.add_argument("--output", default="runs/analyze")
     args = p.parse_args(argv)
-    require(args.num_prompts > 0 and args.top_k > 0 and args.repeats > 0, "--num-prompts, --top-k and --repeats must be positive")
+    for flag in ("num_prompts", "top_k", "repeats", "max_new_tokens", "anchors_per_pass"):
+        require(getattr(args, flag) > 0, f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    check_output(args.output)
     args.dataset_list = [] if args.dataset.strip().lower() in ("", "none") else parse_list(args.dataset, "--dataset")
     return args
 
@@ -337,6 +341,7 @@ def render_markdown(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    load_conversations(args.dataset_list, args.num_prompts, args.dataset_file)  # bad prompt files fail before any load
     run_analysis(build_pipeline(args), args)
     return 0
 

@@ -3,8 +3,9 @@
 Contract: `main(argv)` (and `run_bench(pipe, args)` for a pre-built `Pipeline`) decodes every
 prompt of each dataset twice with the SAME engine and batch size: speculatively (target + draft)
 and autoregressively (`SpeculativeDecoder(target)`, no draft), batch by batch, interleaved, in
-batches of each `--concurrency` value. Datasets: shipped benchmarks (`--datasets`) and/or a JSONL
-file (`--dataset-file`, reported under its stem). Multi-turn conversations (MT-Bench) send turn
+batches of each `--concurrency` value. Datasets: shipped benchmarks (`--datasets`) and/or JSONL
+files (`--dataset-file`, repeatable, each its own dataset reported under its stem; checked before
+anything loads). Multi-turn conversations (MT-Bench) send turn
 k+1 after the target's OWN answer to turn k (the autoregressive answer at the first concurrency).
 
 Per dataset and overall, at every concurrency, it reports:
@@ -27,7 +28,6 @@ Writes OUTPUT/results.json, results.md and the PNG plots of `dflash2.eval.plots`
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -35,13 +35,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from dflash2.argparsing import OneLineParser
 from dflash2.eval import engine_peers
 from dflash2.eval import peers as peer_runs
 from dflash2.eval import plots
 from dflash2.eval.parts import PartStore, run_fingerprint, weights_digest
-from dflash2.eval.benchkit import (add_model_arguments, build_pipeline, fmt, git_commit, load_conversations,
-                              machine_identity, machine_info, machine_line, markdown_table, parse_list, write_json,
-                              write_text)
+from dflash2.eval.benchkit import (add_model_arguments, build_pipeline, check_output, fmt, git_commit,
+                                   load_conversations, machine_identity, machine_info, machine_line, markdown_table,
+                                   parse_list, write_json, write_text)
 from dflash2.targets.chat import encode_messages
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.stats import BatchTiming, RowStats
@@ -102,12 +103,13 @@ class Side:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="dflash2 bench", description="Acceptance length, speedup and losslessness of "
+    p = OneLineParser(prog="dflash2 bench", description="Acceptance length, speedup and losslessness of "
                                 "speculative decoding vs this engine's autoregressive baseline, and vs peers.")
     add_model_arguments(p)
     p.add_argument("--datasets", default=None, help=f"comma list of {', '.join(BENCHMARKS)} (default: all, or none "
                                                     "when --dataset-file is given)")
-    p.add_argument("--dataset-file", default=None, help="JSONL prompts ({prompt} or {turns} per line), its own dataset")
+    p.add_argument("--dataset-file", action="append", default=None,
+                   help="JSONL prompts ({prompt} or {turns} per line), its own dataset (repeat for several)")
     p.add_argument("--num-prompts", type=int, default=16, help="first N prompts of each dataset")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (official: 1.0)")
@@ -125,6 +127,9 @@ def parse_args(argv):
     p.add_argument("--peers-python", default=None, help="python of the peers venv (default .venv-peers/bin/python)")
     args = p.parse_args(argv)
     require(args.num_prompts > 0, f"--num-prompts must be positive, got {args.num_prompts}")
+    GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                     top_k=args.top_k, seed=args.seed).validate()
+    check_output(args.output)
     args.concurrency_list = [int(c) for c in parse_list(args.concurrency, "--concurrency") if c.isdigit() and int(c) > 0]
     require(len(args.concurrency_list) == len(parse_list(args.concurrency, "--concurrency")),
             f"--concurrency must be positive integers, got '{args.concurrency}'")
@@ -438,6 +443,7 @@ def render_peers(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    load_conversations(args.dataset_list, args.num_prompts, args.dataset_file)  # bad prompt files fail before any load
     run_bench(build_pipeline(args), args)
     return 0
 

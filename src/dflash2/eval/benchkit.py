@@ -5,10 +5,12 @@ Contract:
   `args.target / args.draft / args.device / args.dtype`, or, with the hidden `--tiny` option, a
   random tiny Llama target and DFlash2 draft from `dflash2.targets.tiny` with a character-level
   `TinyTokenizer` (seconds on a CPU; used by the smoke tests).
-- `load_conversations(datasets, num_prompts, dataset_file)` -> {dataset name: [Conversation]} from
-  the shipped benchmarks and/or a user JSONL file (reported under the file's stem).
+- `load_conversations(datasets, num_prompts, dataset_files)` -> {dataset name: [Conversation]} from
+  the shipped benchmarks and/or user JSONL files (each its own dataset, reported under the file's
+  stem; two datasets of one name are refused).
 - `machine_info()` describes the machine and library versions; `git_commit()` names the commit
   of the working tree (with "+dirty" when it has uncommitted changes), or None outside git.
+- `check_output(path)` refuses an --output that is a file (before anything loads).
 - `write_json(path, obj)` writes atomically; `markdown_table(headers, rows)` renders a table.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 import torch
 
 from dflash2.errors import require
-from dflash2.fileio import atomic_write
+from dflash2.fileio import atomic_write, require_creatable
 from dflash2.pipeline import Pipeline, cpu_has_native_bf16, load_decoder
 from dflash2.data.prompts import BENCHMARKS, Conversation, load_benchmark, load_prompt_file
 
@@ -62,7 +64,7 @@ def tiny_pipeline(seed: int = 0, speculate: str = "auto") -> Pipeline:
 
 
 def build_pipeline(args) -> Pipeline:
-    if getattr(args, "threads", None):
+    if getattr(args, "threads", None) is not None:
         require(args.threads > 0, f"--threads must be positive, got {args.threads}")
         torch.set_num_threads(args.threads)
     if getattr(args, "tiny", False):
@@ -87,6 +89,12 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
 
 
+def check_output(path: str, flag: str = "--output") -> None:
+    """An output directory of bench / analyze: new or a directory (they write only their own files there)."""
+    require(not Path(path).exists() or Path(path).is_dir(), f"{flag} '{path}' exists and is not a directory")
+    require_creatable(path, flag)
+
+
 def parse_list(text: str, what: str) -> list[str]:
     items = [t.strip() for t in str(text).split(",") if t.strip()]
     require(bool(items), f"{what}: give at least one value")
@@ -94,17 +102,19 @@ def parse_list(text: str, what: str) -> list[str]:
 
 
 def load_conversations(datasets: list[str], num_prompts: int | None,
-                       dataset_file: str | None = None) -> dict[str, list[Conversation]]:
+                       dataset_files: list[str] | None = None) -> dict[str, list[Conversation]]:
     out: dict[str, list[Conversation]] = {}
     for name in datasets:
         convs = load_benchmark(name, num_prompts)
         require(bool(convs), f"benchmark '{name}' gave no prompts")
         out[convs[0].dataset] = convs
-    if dataset_file:
-        convs = load_prompt_file(dataset_file)[:num_prompts]
-        require(convs[0].dataset not in out, f"--dataset-file name '{convs[0].dataset}' clashes with a benchmark "
-                                             f"({', '.join(BENCHMARKS)}); rename the file")
-        out[convs[0].dataset] = convs
+    for path in dataset_files or []:
+        convs = load_prompt_file(path)[:num_prompts]
+        name = convs[0].dataset
+        require(name not in out, f"--dataset-file '{path}': its dataset name '{name}' (the file's stem) is already "
+                                 f"taken by {'a benchmark' if name in BENCHMARKS else 'another --dataset-file'}; "
+                                 "rename the file")
+        out[name] = convs
     require(bool(out), "no datasets selected: give --datasets and/or --dataset-file")
     return out
 

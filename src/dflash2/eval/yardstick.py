@@ -22,7 +22,6 @@ Contract:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -32,11 +31,13 @@ from pathlib import Path
 
 from dflash2.data.holdout import is_held_out
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
-from dflash2.data.shards import read_records
+from dflash2.argparsing import OneLineParser
+from dflash2.data.shards import load_manifest, read_records
 from dflash2.decoding.engine import DRAFT_PHASES, GenerationConfig
 from dflash2.errors import DFlash2Error, require
 from dflash2.eval.benchkit import cpu_model, git_commit, machine_identity
 from dflash2.fileio import atomic_write
+from dflash2.model.draft import DFlash2DraftModel
 from dflash2.targets.chat import encode_messages
 
 TEMPERATURES = {"t0": dict(temperature=0.0), "t1": dict(temperature=1.0, top_p=0.95, top_k=20)}
@@ -158,7 +159,7 @@ def append_row(table: Path, row: dict) -> None:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="dflash2 yardstick",
+    p = OneLineParser(prog="dflash2 yardstick",
                                 description="Real acceptance length of drafts on a fixed held-out + benchmark set.")
     p.add_argument("--draft", action="append", required=True, help="draft directory (repeat for several)")
     p.add_argument("--arm", action="append", default=None, help="name of each draft's recipe arm (default: its path)")
@@ -177,10 +178,18 @@ def parse_args(argv):
     for name in ("heldout", "per_benchmark", "max_new_tokens", "batch_size"):
         require(getattr(args, name) > 0, f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     require(args.arm is None or len(args.arm) == len(args.draft), "give one --arm per --draft (or none)")
-    for draft in args.draft:
-        require((Path(draft) / "config.json").is_file(), f"--draft '{draft}' is not a draft directory (no config.json)")
+    for draft in args.draft:  # every draft is checked (config, weights) before the first one is measured
+        try:
+            DFlash2DraftModel.from_pretrained(draft)
+        except DFlash2Error as err:
+            raise DFlash2Error(f"--draft: {err}") from None
     args.data = args.data or sorted(str(p) for p in Path("data/regen").glob("smollm2-*") if (p / "manifest.json").is_file())
     require(bool(args.data), "no --data directory given and none found under data/regen/")
+    for directory in args.data:
+        try:
+            load_manifest(directory)
+        except DFlash2Error as err:
+            raise DFlash2Error(f"--data: {err}") from None
     return args
 
 

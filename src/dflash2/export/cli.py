@@ -44,8 +44,12 @@ def parse_settings(argv: list[str]) -> ExportSettings:
                    "auto: the dtype the checkpoint stores")
     p.add_argument("--measure-prompts", type=int, default=4, help="dflash-v1: prompts for the acceptance cost (0: skip)")
     p.add_argument("--measure-tokens", type=int, default=64, help="dflash-v1: new tokens per prompt")
+    p.add_argument("--full-vocabulary", action="store_true",
+                   help="a draft with a reduced draft vocabulary (d2t/t2d): export it without the mapping, so it "
+                        "scores the target's whole vocabulary as engines expect (its acceptance cost is measured)")
     args = p.parse_args(argv)
     return ExportSettings(draft=Path(args.draft), form=args.to, out=Path(args.out), force=args.force,
+                          full_vocabulary=args.full_vocabulary,
                           target=args.target, dtype=args.dtype, measure_prompts=args.measure_prompts,
                           measure_tokens=args.measure_tokens)
 

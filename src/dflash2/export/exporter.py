@@ -10,9 +10,11 @@ Contract: `export_draft(settings, pipeline=None)`
 3. writes the form into a temporary directory beside `settings.out` and swaps it in only when
    complete (`fileio.atomic_directory`): nothing half-written, nothing a user made replaced
    without `force`;
-4. for `dflash-v1` of a DFlash2 draft with `measure_prompts > 0`, measures the acceptance cost on
-   the target (`pipeline`, or `load_decoder(settings.target, settings.draft)`), decoding with the
-   re-loaded export.
+4. for `dflash-v1` of a DFlash2 draft, or a reduced-vocabulary draft exported with
+   `full_vocabulary` (engines score the whole vocabulary; without that flag such a draft is
+   refused in step 1), with `measure_prompts > 0`, measures the acceptance cost on the target
+   (`pipeline`, or `load_decoder(settings.target, settings.draft)`), decoding with the re-loaded
+   export.
 Returns an `ExportResult`.
 """
 from __future__ import annotations
@@ -50,7 +52,7 @@ def stored_dtype(draft: Path) -> str:
     kinds = set()
     for file in sorted(draft.glob("*.safetensors")):
         with safe_open(str(file), "pt") as handle:
-            kinds |= {str(handle.get_slice(name).get_dtype()) for name in handle.keys()}
+            kinds |= {str(handle.get_slice(name).get_dtype()) for name in handle.keys()} & set(STORED_DTYPES)
     return STORED_DTYPES.get(kinds.pop(), "float32") if len(kinds) == 1 else "float32"
 
 
@@ -64,13 +66,18 @@ def _publishable(directory: Path) -> None:
 
 
 def _measures(settings: ExportSettings, config: DFlash2Config) -> bool:
-    return settings.form == "dflash-v1" and config.is_dflash2 and settings.measure_prompts > 0
+    changed = (settings.form == "dflash-v1" and config.is_dflash2) or config.draft_vocab_size is not None
+    return changed and settings.measure_prompts > 0
 
 
 def check(settings: ExportSettings) -> DFlash2Config:
     """Step 1: every check that needs no weights; returns the draft's config."""
     settings.validate()
     config = read_config(settings.draft)
+    require(config.draft_vocab_size is None or settings.full_vocabulary,
+            f"draft '{settings.draft}' proposes from a reduced vocabulary of {config.draft_vocab_size} tokens (d2t / t2d); "
+            f"the engines' DFlash loaders score all {config.vocab_size}: pass --full-vocabulary to export it without "
+            "the mapping (the acceptance this costs is measured)")
     if settings.form == "dflash2":
         neutral.dflash2_config(config)
     if settings.form == "gguf":
@@ -83,6 +90,10 @@ def check(settings: ExportSettings) -> DFlash2Config:
 
 
 def engine_form(model: DFlash2DraftModel, form: str) -> neutral.PartsChange:
+    if model.config.draft_vocab_size is not None:  # engines score the whole vocabulary: drop the mapping
+        whole = engine_form(neutral.full_vocabulary(model), form)
+        whole.dropped.insert(0, f"draft vocabulary ({model.config.draft_vocab_size} tokens)")
+        return whole
     if form == "dflash-v1":
         return neutral.for_dflash_v1(model)
     if form == "gguf" and not model.config.is_dflash2:

@@ -84,6 +84,11 @@ def for_dflash2(model: DFlash2DraftModel) -> PartsChange:
     return change
 
 
+def full_vocabulary(model: DFlash2DraftModel) -> DFlash2DraftModel:
+    """The same draft scoring the target's whole vocabulary (the d2t / t2d mapping dropped)."""
+    return _rebuild(model, dataclasses.replace(model.config, draft_vocab_size=None))
+
+
 def for_dflash_v1(model: DFlash2DraftModel) -> PartsChange:
     config = model.config
     if not config.is_dflash2:

@@ -31,6 +31,7 @@ class ExportSettings:
     dtype: str = "auto"            # weights in the export (GGUF: its matrices; vectors stay F32)
     measure_prompts: int = 4       # dflash-v1: prompts for the acceptance measurement (0: skip)
     measure_tokens: int = 64       # dflash-v1: new tokens per prompt
+    full_vocabulary: bool = False  # a reduced-vocabulary draft: export it scoring the whole vocabulary
 
     def validate(self) -> None:
         require(self.form in FORMS, f"--to '{self.form}': choose one of {', '.join(FORMS)}")

@@ -28,6 +28,42 @@ _REQUIRED_TOP = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_a
                  "num_key_value_heads", "vocab_size")
 
 
+# The JSON type of each known field: (kind, may be null). Checked before any value is used, so a
+# wrong type is refused naming the field instead of failing somewhere inside.
+_KINDS = {
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "number": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "ints": (lambda v: isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
+             "a list of integers"),
+    "strs": (lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v), "a list of strings"),
+    "object": (lambda v: isinstance(v, dict), "an object"),
+}
+_TOP_TYPES = {
+    "hidden_size": ("int", False), "intermediate_size": ("int", False), "num_hidden_layers": ("int", False),
+    "num_attention_heads": ("int", False), "num_key_value_heads": ("int", False), "head_dim": ("int", True),
+    "vocab_size": ("int", False), "num_target_layers": ("int", False), "rms_norm_eps": ("number", True),
+    "rope_theta": ("number", True), "max_position_embeddings": ("int", True), "sliding_window": ("int", True),
+    "layer_types": ("strs", True), "architectures": ("strs", True), "rope_parameters": ("object", True),
+    "rope_scaling": ("object", True),
+}
+_DFLASH_TYPES = {
+    "block_size": ("int", False), "mask_token_id": ("int", False), "target_layer_ids": ("ints", False),
+    "target_hidden_size": ("int", True), "use_conv": ("bool", True), "use_selector": ("bool", True),
+    "conv_kernel_size": ("int", True), "conv_group_size": ("int", True), "selector_rank": ("int", True),
+    "selector_top_k": ("int", True), "input_embedding_scale": ("number", True), "output_multiplier": ("number", True),
+    "final_logit_softcapping": ("number", True), "draft_vocab_size": ("int", True),
+}
+
+
+def _check_types(section: dict, types: dict, prefix: str) -> None:
+    for name, (kind, nullable) in types.items():
+        if name not in section or (nullable and section[name] is None):
+            continue
+        test, meaning = _KINDS[kind]
+        require(test(section[name]), f"config field '{prefix}{name}' must be {meaning}, got {section[name]!r}")
+
+
 def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
     """docs/spec.md §2.1: without explicit ids, spread `num_taps` layers evenly from 1 to L-3."""
     require(num_target_layers >= 4, f"num_target_layers={num_target_layers}: the target needs at least 4 layers")
@@ -164,6 +200,8 @@ class DFlash2Config:
         dflash = dict(dflash)
         for name in ("block_size", "mask_token_id", "target_layer_ids"):
             require(name in dflash, f"config missing required field 'dflash_config.{name}'")
+        _check_types(data, _TOP_TYPES, "")
+        _check_types(dflash, _DFLASH_TYPES, "dflash_config.")
         archs = data.pop("architectures", [DFLASH2_ARCH]) or [DFLASH2_ARCH]
         require(archs[0] in (DFLASH2_ARCH, DFLASH_V1_ARCH),
                 f"config field 'architectures'={archs!r}: expected {DFLASH2_ARCH} or {DFLASH_V1_ARCH}")

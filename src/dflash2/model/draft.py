@@ -17,7 +17,10 @@ Contract:
   Returns hidden states after the final norm, [b, n, B, H].
 - `logits(hidden)` applies the target LM head, `output_multiplier` and the optional softcap.
 - `save_pretrained` / `from_pretrained` read and write `config.json` + `model.safetensors`
-  atomically; DFlash v1 checkpoints load as drafts without convs and selector.
+  atomically (into an existing directory only those two files are replaced); DFlash v1
+  checkpoints load as drafts without convs and selector. `from_pretrained` checks the weights
+  files' headers before reading them and refuses NaN / inf tensors, each with one line naming
+  the file or tensor; `read_config` refuses a missing, non-UTF-8 or non-object config.json.
 """
 from __future__ import annotations
 
@@ -29,14 +32,21 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from dflash2.model.config import DFlash2Config
 from dflash2.model.conv import GroupedDynamicConv
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import atomic_directory
+from dflash2.fileio import atomic_directory, atomic_file, atomic_write
 from dflash2.model.selector import CandidateSelector
+from dflash2.weights import require_finite, safetensors_header
+
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE)  # all that `save_pretrained` writes
 
 
 class RMSNorm(nn.Module):
@@ -266,32 +276,57 @@ class DFlash2DraftModel(nn.Module):
 
     # ------------------------------------------------------------------ checkpoints
     def save_pretrained(self, path: str | Path) -> None:
-        state = {name: t.detach().contiguous() for name, t in self.state_dict().items()}
+        """Write `config.json` and `model.safetensors`: a new directory appears whole; into an existing
+        one (the caller checked that the user allows it) only these two files are replaced, each
+        atomically, and nothing else there is touched."""
+        path = Path(path)
+        if path.is_dir():
+            self._write_checkpoint_files(path)
+            return
         with atomic_directory(path) as tmp:
-            (tmp / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
-            save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            self._write_checkpoint_files(tmp)
+
+    def _write_checkpoint_files(self, directory: Path) -> None:
+        state = {name: t.detach().contiguous() for name, t in self.state_dict().items()}
+        with atomic_file(directory / WEIGHTS_FILE) as tmp:
+            save_file(state, str(tmp), metadata={"format": "pt"})
+        with atomic_write(directory / CONFIG_FILE, "w") as handle:
+            handle.write(json.dumps(self.config.to_dict(), indent=2) + "\n")
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32,
                         device: str | torch.device = "cpu") -> "DFlash2DraftModel":
+        """Load a checkpoint, refusing (one line, naming the file or tensor) a bad config, an empty,
+        truncated or foreign weights file, tensors of the wrong names or shapes, and NaN / inf."""
         path = Path(path)
         config = read_config(path)
+        what = f"draft '{path}'"
         files = sorted(path.glob("*.safetensors"))
         require(bool(files), f"draft checkpoint '{path}' has no .safetensors weights")
-        state = {}
+        headers = {}
         for file in files:
-            for name, tensor in load_file(str(file)).items():
-                state[name.removeprefix("model.")] = tensor
+            for name, (_dtype, shape) in safetensors_header(file, what).items():
+                headers[name.removeprefix("model.")] = shape
         with torch.device("meta"):
             model = cls(config)
         expected = model.state_dict()
-        missing = [n for n in expected if n not in state]
+        missing = [n for n in expected if n not in headers]
         require(not missing, f"draft checkpoint '{path}' is missing tensor '{missing[0]}'" if missing else "")
         for name, tensor in expected.items():
-            require(tuple(state[name].shape) == tuple(tensor.shape),
-                    f"draft tensor '{name}' has shape {tuple(state[name].shape)}, config implies {tuple(tensor.shape)}")
-        unexpected = [n for n in state if n not in expected and not n.startswith(("embed_tokens", "lm_head"))]
+            require(tuple(headers[name]) == tuple(tensor.shape),
+                    f"draft tensor '{name}' has shape {tuple(headers[name])}, config implies {tuple(tensor.shape)}")
+        unexpected = [n for n in headers if n not in expected and not n.startswith(("embed_tokens", "lm_head"))]
         require(not unexpected, f"draft checkpoint '{path}' has unexpected tensor '{unexpected[0]}'" if unexpected else "")
+        state = {}
+        for file in files:
+            try:
+                loaded = load_file(str(file))
+            except (SafetensorError, OSError) as err:
+                raise DFlash2Error(f"{what}: weights file '{file}' cannot be read: {str(err).splitlines()[0]}") from None
+            for name, tensor in loaded.items():
+                state[name.removeprefix("model.")] = tensor
+        for name in expected:
+            require_finite(name, state[name], what)
         model.load_state_dict({n: state[n].to(dtype) if state[n].is_floating_point() else state[n]
                                for n in expected}, assign=True)
         return model.to(device).eval()
@@ -320,12 +355,20 @@ class _Borrowed:
 
 def read_config(path: str | Path) -> DFlash2Config:
     """Read and validate a checkpoint's config.json (one-line errors)."""
-    file = Path(path) / "config.json"
+    require(Path(path).is_dir(), f"draft '{path}' is not a directory with config.json and weights")
+    file = Path(path) / CONFIG_FILE
     require(file.is_file(), f"draft checkpoint '{path}' has no config.json")
     try:
-        return DFlash2Config.from_dict(json.loads(file.read_text()))
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise DFlash2Error(f"draft config '{file}' is not UTF-8 text") from None
     except json.JSONDecodeError as err:
         raise DFlash2Error(f"draft config '{file}' is not valid JSON: {err}") from None
+    require(isinstance(raw, dict), f"draft config '{file}' must hold a JSON object, not {type(raw).__name__}")
+    try:
+        return DFlash2Config.from_dict(raw)
+    except DFlash2Error as err:
+        raise DFlash2Error(f"draft config '{file}': {err}") from None
 
 
 def init_linear_weights(model: DFlash2DraftModel, std: float = 0.02, seed: int | None = None) -> None:

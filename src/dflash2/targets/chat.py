@@ -5,6 +5,7 @@ Contract:
   token ids the target expects before its answer: the tokenizer's chat template with the
   generation prompt when it has one; otherwise (base models) the contents joined by blank lines,
   with the tokenizer's usual special tokens (e.g. BOS).
+  `check_messages(messages)` is its check of the messages alone (no tokenizer needed).
 - `encode_prompt(tokenizer, text, chat=None)` does the same for one user message; `chat=False`
   forces plain text, `chat=None` uses the template when there is one.
 - `choose_mask_token(tokenizer, vocab_size)`: the id for a draft block's MASK slots, one the target
@@ -26,14 +27,19 @@ def has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def encode_messages(tokenizer, messages: list[dict], chat: bool | None = None) -> list[int]:
-    require(bool(messages), "empty prompt: no messages given")
+def check_messages(messages: list, where: str = "") -> None:
+    """Refuse (one line, prefixed by `where`) anything but a non-empty list of {role, content} messages."""
+    require(bool(messages), f"{where}empty prompt: no messages given")
     for i, message in enumerate(messages):
         require(isinstance(message, dict) and isinstance(message.get("content"), str),
-                f"message {i} must be an object with a string 'content'")
+                f"{where}message {i} must be an object with a string 'content'")
         require(message.get("role") in ("system", "user", "assistant"),
-                f"message {i} has role {message.get('role')!r}; expected system, user or assistant")
-    require(any(m["content"].strip() for m in messages), "empty prompt: the messages have no text")
+                f"{where}message {i} has role {message.get('role')!r}; expected system, user or assistant")
+    require(any(m["content"].strip() for m in messages), f"{where}empty prompt: the messages have no text")
+
+
+def encode_messages(tokenizer, messages: list[dict], chat: bool | None = None) -> list[int]:
+    check_messages(messages)
     use_template = has_chat_template(tokenizer) if chat is None else chat
     if use_template:
         require(has_chat_template(tokenizer), "this tokenizer has no chat template; pass chat=False (--no-chat)")

@@ -16,15 +16,15 @@ Contract:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
+from dflash2.argparsing import OneLineParser
 from dflash2.eval import bench
 from dflash2.eval.benchkit import build_pipeline, fmt, git_commit, machine_info, machine_line, markdown_table, parse_list
-from dflash2.eval.benchkit import write_json, write_text
+from dflash2.eval.benchkit import check_output, load_conversations, write_json, write_text
 from dflash2.errors import require
 from dflash2.fileio import atomic_write
 from dflash2.training.config import load_config
@@ -144,7 +144,7 @@ def report(out: Path, arms: list[str], trained: dict, benches: dict, datasets: l
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="dflash2 ablation", description="Equal-budget ablation: DFlash v1, +selector, "
+    p = OneLineParser(prog="dflash2 ablation", description="Equal-budget ablation: DFlash v1, +selector, "
                                 "+convs, DFlash2 trained alike and measured by real speculative decoding.")
     p.add_argument("config", help="base YAML training config (e.g. configs/smollm2-dflash2.yaml)")
     p.add_argument("overrides", nargs="*", help="dotted overrides applied to every arm, e.g. train.steps=150")
@@ -160,7 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     arms = parse_list(args.arms, "--arms")
     unknown = [a for a in arms if a not in ARMS]
     require(not unknown, f"--arms: unknown arm '{unknown[0] if unknown else ''}' (choose from {', '.join(ARMS)})")
-    load_config(args.config, args.overrides)  # bad config values fail here, before any training
+    from dflash2.training.preflight import check_inputs
+
+    check_inputs(load_config(args.config, args.overrides))  # bad config values and data fail here, before any training
+    load_conversations(parse_list(args.datasets, "--datasets"), args.num_prompts)
+    check_output(args.output)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     trained = {arm: train_arm(args.config, args.overrides, arm, out) for arm in arms}

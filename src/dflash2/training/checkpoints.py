@@ -11,7 +11,9 @@ Contract:
 - `gather_state(module, optimizer, parallel)` returns full (unsharded, CPU) draft and optimizer
   state dicts on every rank; with FSDP it is a collective, so all ranks must call it.
 - `save_checkpoint(run_dir, step, draft_state, optim_state, trainer_state, config, keep)` (rank 0).
-- `load_latest(run_dir)` -> (checkpoint dir, draft state, trainer_state dict) or a DFlash2Error.
+- `latest_checkpoint(run_dir)` -> the newest complete checkpoint directory, checked without loading
+  it (pointer, files, weights header); `load_latest(run_dir)` -> (checkpoint dir, draft state,
+  trainer_state dict). Both raise a one-line DFlash2Error for a missing, incomplete or damaged one.
 - `restore_state(module, optimizer, draft_state, optim_state, parallel)` puts them back.
 - `export_draft(draft_state, config, path, dtype)` writes a loadable draft (`from_pretrained`)
   through `DFlash2DraftModel.save_pretrained`, cast to `dtype` (bf16 halves the shipped size).
@@ -20,6 +22,7 @@ Contract:
 from __future__ import annotations
 
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -28,8 +31,9 @@ import torch
 
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel
-from dflash2.errors import require
+from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import atomic_directory, atomic_write
+from dflash2.weights import safetensors_header
 
 PREFIX = "draft."  # DraftTrainStep holds the draft under this attribute
 
@@ -97,6 +101,14 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+STEP_NAME = re.compile(r"step-\d{8,}")
+TEMPORARY_NAMES = r"step-\d{8,}|latest"  # what this module writes atomically in checkpoints/
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
 def checkpoint_root(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
@@ -104,7 +116,7 @@ def checkpoint_root(run_dir: str | Path) -> Path:
 def save_checkpoint(run_dir: str | Path, step: int, draft_state: dict, optim_state: dict, trainer_state: dict,
                     config: DFlash2Config, keep: int) -> Path:
     root = checkpoint_root(run_dir)
-    name = f"step-{step:08d}"
+    name = step_name(step)
     with atomic_directory(root / name) as tmp:
         export_draft(draft_state, config, tmp / "draft", torch.float32)
         torch.save({**trainer_state, "optimizer": optim_state, "step": step}, tmp / "trainer_state.pt")
@@ -116,13 +128,35 @@ def save_checkpoint(run_dir: str | Path, step: int, draft_state: dict, optim_sta
     return root / name
 
 
-def load_latest(run_dir: str | Path) -> tuple[Path, dict, dict]:
+def latest_checkpoint(run_dir: str | Path) -> Path:
+    """The newest complete checkpoint of a run (cheap checks, nothing loaded), or a DFlash2Error."""
     root = checkpoint_root(run_dir)
     pointer = root / "latest"
     require(pointer.is_file(), f"--resume: no checkpoint in '{root}' (train.output_dir={run_dir})")
-    path = root / pointer.read_text().strip()
-    require((path / "trainer_state.pt").is_file(), f"--resume: checkpoint '{path}' is incomplete")
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        name = ""
+    path = root / name
+    require(bool(name) and STEP_NAME.fullmatch(name) is not None and path.is_dir(),
+            f"--resume: '{pointer}' does not name a checkpoint directory of '{root}'")
+    for part in ("trainer_state.pt", "draft/model.safetensors"):
+        require((path / part).is_file(), f"--resume: checkpoint '{path}' is incomplete (no {part})")
+    safetensors_header(path / "draft" / "model.safetensors", f"--resume: checkpoint '{path}'")
+    return path
+
+
+def load_latest(run_dir: str | Path) -> tuple[Path, dict, dict]:
     from safetensors.torch import load_file
-    draft_state = load_file(str(path / "draft" / "model.safetensors"))
-    trainer_state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+
+    path = latest_checkpoint(run_dir)
+    try:
+        draft_state = load_file(str(path / "draft" / "model.safetensors"))
+        trainer_state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+    except Exception as err:  # a damaged pickle or tensor file raises many kinds of errors
+        raise DFlash2Error(f"--resume: checkpoint '{path}' is damaged ({type(err).__name__}: "
+                           f"{str(err).splitlines()[0] if str(err) else ''}); remove it and point "
+                           f"'{checkpoint_root(run_dir) / 'latest'}' at an earlier one") from None
+    require(isinstance(trainer_state, dict) and "step" in trainer_state,
+            f"--resume: checkpoint '{path}' has no trainer state")
     return path, draft_state, trainer_state

@@ -194,6 +194,7 @@ class TrainSection(_Section):
         "checkpoint_every": Rule(lambda v: v >= 1, "a positive integer (or null)"),
         "keep_checkpoints": _AT_LEAST_1, "save_dtype": _one_of("fp32", "bf16"),
         "max_cpu_seconds": Rule(lambda v: v > 0, "a positive number of seconds (or null)"),
+        "max_wall_seconds": Rule(lambda v: v > 0, "a positive number of seconds (or null)"),
     }
     steps: int | None = None                    # None: epochs x (sequences / batch_size)
     epochs: float = 1.0
@@ -211,6 +212,7 @@ class TrainSection(_Section):
     save_dtype: str = "bf16"
     progress: bool = True
     max_cpu_seconds: float | None = None        # stop (checkpoint, export) once this process used this much CPU
+    max_wall_seconds: float | None = None       # stop (checkpoint, export) before another step would end past this wall-clock time
 
 
 # ---------------------------------------------------------------------------------------- the config
@@ -324,9 +326,12 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
     raw: dict = {}
     if path is not None:
         path = Path(path)
-        require(path.is_file(), f"training config '{path}' does not exist")
+        require(path.exists(), f"training config '{path}' does not exist")
+        require(path.is_file(), f"training config '{path}' is not a file")
         try:
-            raw = parse_yaml(path.read_text()) or {}
+            raw = parse_yaml(path.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as err:
+            raise DFlash2Error(f"training config '{path}' is not UTF-8 text (byte {err.start})") from None
         except yaml.YAMLError as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else "parse error"
             raise DFlash2Error(f"training config '{path}' is not valid YAML: {first}") from None

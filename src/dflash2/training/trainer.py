@@ -17,18 +17,24 @@ Contract:
   to `<output_dir>/metrics.jsonl` every `log_every` steps (`curves.png` is redrawn at each
   checkpoint), evaluating every `eval_every` steps, checkpointing every `checkpoint_every` steps
   and at the end, then exporting
-  `<output_dir>/final` in `save_dtype`. `resume=True` restores the latest checkpoint (weights,
+  `<output_dir>/final` in `save_dtype`. `train.max_cpu_seconds` (this process's CPU time) and
+  `train.max_wall_seconds` (wall-clock time since `train()` began; the run stops at the step
+  boundary from which one more step would end past it) end a run early: that step is the last,
+  checkpointed and exported as at the end. `resume=True` restores the latest checkpoint (weights,
   optimizer, scheduler, step, token count, RNG) and continues on exactly the trajectory of an
   uninterrupted run. A resumed run's config must match the checkpoint's, except for the keys in
   `RESUMABLE_CHANGES`. Returns a summary dict.
-- `main(argv)` is the CLI entry (`dflash2.cli` dispatches `train` here); under
+- `main(argv)` is the CLI entry (`dflash2.cli` dispatches `train` here). Before the target loads
+  it checks the inputs and the run directory (`preflight`: an existing run is continued only
+  with `--resume` and started again only with `--overwrite`, which removes only the run's own
+  files; a killed run's temporary directories are cleaned up); under
   `torchrun --nproc_per_node N` it trains data-parallel (`train.parallel`: ddp or fsdp).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +43,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
+from dflash2.argparsing import OneLineParser
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import atomic_write
 from dflash2.pipeline import cpu_has_native_bf16
@@ -50,10 +57,12 @@ from dflash2.training.features import FeatureSource, TargetSignals, cache_tag
 from dflash2.training.losses import LossStats, Teacher, label_weights
 from dflash2.training.metrics_log import MetricsLog, plot_curves
 from dflash2.training.model import DraftTrainStep, build_draft, clip_groups
+from dflash2.training.preflight import RUN_FILES, check_inputs, prepare_run_dir
 
 RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.log_every", "train.eval_every",
                      "train.checkpoint_every", "train.keep_checkpoints", "train.save_dtype", "train.device",
-                     "data.feature_cache_dir", "data.max_eval_sequences", "data.eval", "train.max_cpu_seconds"}
+                     "data.feature_cache_dir", "data.max_eval_sequences", "data.eval", "train.max_cpu_seconds",
+                     "train.max_wall_seconds"}
 # Keys added after checkpoints were already written: what a checkpoint without the key was trained with.
 LEGACY_VALUES = {"optim.clip_selector_separately": False, "data.exclude_holdout": False,
                  "loss.distill_weight": 0.0, "loss.distill_top_k": 32}
@@ -260,15 +269,19 @@ class Trainer:
             with atomic_write(self.run_dir / "train_config.yaml", "w") as handle:
                 yaml.safe_dump(self.cfg.to_dict(), handle, sort_keys=False)
         bar = _progress(self.total_steps, self.step, self.dist.is_main and t.progress)
-        cpu_start = time.process_time()
+        cpu_start, wall_start = time.process_time(), time.perf_counter()
         interval, interval_tokens, clock = self._zero_stats(), self.tokens_seen, time.perf_counter()
         last = {}
         while self.step < end:
+            began = time.perf_counter()
             stats, grad_norms = self.train_step()
             interval = interval + stats
             bar.update(1)
             if t.max_cpu_seconds and time.process_time() - cpu_start >= t.max_cpu_seconds:
                 self.total_steps = end = self.step  # the CPU budget is spent: this step is the last
+            now = time.perf_counter()
+            if t.max_wall_seconds and (now - wall_start) + (now - began) >= t.max_wall_seconds:
+                self.total_steps = end = self.step  # one more step would end past the wall-clock budget
             final = self.step == self.total_steps
             if self.step % t.log_every == 0 or final:
                 now = time.perf_counter()
@@ -288,7 +301,8 @@ class Trainer:
                 self.save()
         bar.close()
         summary = {"steps": self.step, "tokens": self.tokens_seen, "parameters": self.draft.num_parameters(),
-                   "cpu_seconds": time.process_time() - cpu_start, "data": self.data_counts,
+                   "cpu_seconds": time.process_time() - cpu_start, "wall_seconds": time.perf_counter() - wall_start,
+                   "data": self.data_counts,
                    "build": {k: v for k, v in self.build_report.items() if k != "warm_started"}, "last": last}
         if self.step < self.total_steps:
             return summary
@@ -348,30 +362,37 @@ def _check_same_config(saved: dict, current: dict) -> None:
 
 @dataclass(frozen=True)
 class TrainCommand:
-    """`dflash2 train CONFIG [section.key=value ...] [--resume]`, options and overrides in any order."""
+    """`dflash2 train CONFIG [section.key=value ...] [--resume | --overwrite]`, options and overrides in any order."""
 
     config: str
     overrides: tuple[str, ...]
     resume: bool
     features_only: bool = False
+    overwrite: bool = False
 
 
 def parse_command(argv: list[str] | None = None) -> TrainCommand:
-    parser = argparse.ArgumentParser(prog="dflash2 train", description="Train a DFlash2 / DFlash draft for a target.")
+    parser = OneLineParser(prog="dflash2 train", description="Train a DFlash2 / DFlash draft for a target.")
     parser.add_argument("config", help="YAML training config (see configs/)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=100 draft.use_selector=false")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in train.output_dir")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start again in an existing train.output_dir: removes the earlier run's own files "
+                             f"({', '.join(RUN_FILES)}) and nothing else")
     parser.add_argument("--features-only", action="store_true",
                         help="only fill data.feature_cache_dir with the target's features and top-k logits "
                              "(loss.distill_top_k) of the sequences the run's steps will read, then exit")
     # intermixed: `CONFIG --resume train.steps=540` too (plain parse_args stops the overrides at --resume)
     args = parser.parse_intermixed_args(argv)
-    return TrainCommand(args.config, tuple(args.overrides), args.resume, args.features_only)
+    return TrainCommand(args.config, tuple(args.overrides), args.resume, args.features_only, args.overwrite)
 
 
 def main(argv: list[str] | None = None) -> int:
     command = parse_command(argv)
     cfg = load_config(command.config, list(command.overrides))
+    check_inputs(cfg)  # before the target loads
+    if not command.features_only:
+        prepare_run_dir(cfg, command.resume, command.overwrite, main_rank=int(os.environ.get("RANK", "0")) == 0)
     trainer = Trainer(cfg)
     try:
         if command.features_only:

@@ -1,0 +1,59 @@
+"""Checks of weight files that need no model: safetensors headers, and finite values.
+
+Contract:
+- `safetensors_header(path, what)` reads only the header of a `.safetensors` file and returns
+  {tensor name: (dtype, shape)}; an empty, truncated or foreign file raises a one-line
+  `DFlash2Error` that names the file and says what is wrong with it (`what` says whose weights they
+  are, e.g. "draft 'my-draft'"), before anything loads it.
+- `require_finite(name, tensor, what)` refuses a floating tensor holding NaN or infinite values,
+  naming the tensor.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import torch
+
+from dflash2.errors import DFlash2Error, require
+
+_MAX_HEADER = 100_000_000  # the safetensors format's own limit
+
+
+def safetensors_header(path: str | Path, what: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    path = Path(path)
+    size = path.stat().st_size
+    where = f"{what}: weights file '{path}'"
+    require(size > 0, f"{where} is empty (an interrupted download or copy?); replace it")
+    require(size >= 8, f"{where} is truncated ({size} bytes); replace it")
+    with open(path, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        require(0 < length <= _MAX_HEADER, f"{where} is not a safetensors file (header length {length})")
+        require(8 + length <= size, f"{where} is truncated: {size} bytes, its header alone needs {8 + length}")
+        raw = handle.read(length)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise DFlash2Error(f"{where} is not a safetensors file (its header is not JSON)") from None
+    require(isinstance(header, dict), f"{where} is not a safetensors file (its header is not a JSON object)")
+    tensors, end = {}, 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        require(isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+                and isinstance(entry.get("shape"), list),
+                f"{where} has a malformed header entry for tensor '{name}'")
+        tensors[name] = (str(entry.get("dtype")), tuple(entry["shape"]))
+        end = max(end, offsets[1])
+    data = size - 8 - length
+    require(end <= data, f"{where} is truncated: {size} bytes, its tensors need {8 + length + end}; replace it")
+    return tensors
+
+
+def require_finite(name: str, tensor: torch.Tensor, what: str) -> None:
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        bad = "NaN" if bool(torch.isnan(tensor).any()) else "infinite"
+        raise DFlash2Error(f"{what}: tensor '{name}' holds {bad} values; the checkpoint is damaged "
+                           "(a diverged training run?); use an earlier checkpoint or retrain")
