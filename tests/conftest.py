@@ -33,7 +33,7 @@ class OracleProposer:
     def add_rows(self, features, mask):
         pass
 
-    def append(self, features, counts, first_position):
+    def append(self, features, counts, first_position, defer=False):
         pass
 
     def select_rows(self, rows):

@@ -271,7 +271,7 @@ class DecodeSession:
         with self.watch("realign"):                                # roll back rejected slots, re-align rows
             self.target.keep(counts, drafts.shape[1] + 1)
             if self.proposer is not None:
-                self.proposer.append(features, counts, start)
+                self.proposer.append(features, counts, start, defer=draft_seconds is None)
         with self.watch("host"):                                   # one host copy per tensor, not per row
             accepted_list, drafts_list, bonus_list = accepted.tolist(), drafts.tolist(), bonus.tolist()
             commits = [Commit(drafts_list[r][:n] + [bonus_list[r]], accepted=n) for r, n in enumerate(accepted_list)]

@@ -5,8 +5,10 @@ Contract:
   (left-padded like the target cache) plus their positions and validity mask.
 - `add_rows(features, mask)` adds the context of newly prefilled rows (the first call starts the
   batch; later rows are merged in, left-padded like the target cache, and come last);
-  `append(features, counts, first_position)` adds the features of the tokens committed in a
-  cycle (the first counts[r] of the q verified positions); `select_rows(rows)` drops sequences.
+  `append(features, counts, first_position, defer)` adds the features of the tokens committed in
+  a cycle (the first counts[r] of the q verified positions; rows that keep fewer leave masked
+  holes); `defer` queues them until the draft next runs (plain steps in fallback then cost one
+  projection per probe, not one per token); `select_rows(rows)` drops sequences.
 - `propose(anchors, start_positions, block_size, temperature, seeds)` runs one block
   `[anchor, MASK x (block_size-1)]` at positions start..start+block_size-1 and returns a `Proposal`:
   draft tokens [b, T], the dense distribution q [b, T, V] each was drawn from (None when every row
@@ -25,7 +27,7 @@ import torch.nn.functional as F
 from dflash2.decoding.acceptance import dense_q
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.mask import block_visibility
-from dflash2.decoding.ragged import right_align
+from dflash2.decoding.ragged import compaction_index, worth_compacting
 from dflash2.decoding.timing import Stopwatch
 from dflash2.rng import DRAFT, sample_from, uniforms
 
@@ -45,9 +47,11 @@ class DraftProposer:
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.positions: torch.Tensor | None = None   # [b, S]
         self.valid: torch.Tensor | None = None       # [b, S] bool
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []   # deferred uniform appends
 
     def add_rows(self, features: torch.Tensor, mask: torch.Tensor) -> None:
         """features [n, L, F] from a prefill, mask [n, L] (1 = real token)."""
+        self._flush()
         valid = mask.bool()
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         with torch.inference_mode():
@@ -65,40 +69,51 @@ class DraftProposer:
         self.positions = torch.cat([slots(self.positions), slots(positions)])
         self.valid = torch.cat([slots(self.valid), slots(valid)])
 
-    def append(self, features: torch.Tensor, counts: torch.Tensor, first_position: torch.Tensor) -> None:
-        """features [b, q, F] at positions first_position[r] + 0..q-1; keep the first counts[r]."""
-        q = features.shape[1]
+    def append(self, features: torch.Tensor, counts: torch.Tensor, first_position: torch.Tensor,
+               defer: bool = False) -> None:
+        """features [b, q, F] at positions first_position[r] + 0..q-1; keep the first counts[r].
+        Rows that keep fewer slots leave masked-out holes (compacted by one gather when they take
+        too much room). `defer` (plain steps, one token a row) only queues the features: they are
+        projected together when the draft next runs or the batch changes."""
         top = int(counts.max())
-        uniform = bool((counts == top).all())
-        if uniform:  # every row keeps the same count: no re-alignment, only the kept slots are projected
-            features = features[:, :top]
-        positions = first_position[:, None] + torch.arange(features.shape[1], device=features.device)   # [b, q']
+        positions = first_position[:, None] + torch.arange(features.shape[1], device=features.device)   # [b, q]
+        if bool((counts == top).all()):  # every row keeps the same count: only the kept slots matter
+            self._pending.append((features[:, :top], positions[:, :top]))
+            if not defer:
+                self._flush()
+            return
+        self._flush()
+        valid = torch.arange(features.shape[1], device=features.device)[None, :] < counts[:, None]
+        self._extend(features, positions, valid)
+        if worth_compacting(self.valid):
+            index = compaction_index(self.valid)                                            # [b, S']
+            self.kv = [(_gather_slots(k, index), _gather_slots(v, index)) for k, v in self.kv]
+            self.positions, self.valid = self.positions.gather(1, index), self.valid.gather(1, index)
+
+    def _flush(self) -> None:
+        """Project the queued features of uniform appends in one pass."""
+        if not self._pending:
+            return
+        features = torch.cat([f for f, _ in self._pending], dim=1)
+        positions = torch.cat([p for _, p in self._pending], dim=1)
+        self._pending = []
+        self._extend(features, positions, torch.ones_like(positions, dtype=torch.bool))
+
+    def _extend(self, features: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> None:
         with torch.inference_mode():
             new_kv = self.draft.context_kv(features, positions)
-        if uniform:
-            self.kv = [(torch.cat([k, nk], dim=2), torch.cat([v, nv], dim=2)) for (k, v), (nk, nv) in zip(self.kv, new_kv)]
-            self.positions = torch.cat([self.positions, positions], dim=1)
-            self.valid = F.pad(self.valid, (0, top), value=True)
-            return
-        valid = torch.arange(q, device=features.device)[None, :] < counts[:, None]
-        shift = top - counts
-
-        def grow(old: torch.Tensor, new: torch.Tensor, slot_dim: int) -> torch.Tensor:
-            both = torch.cat([old, new], dim=slot_dim)
-            if slot_dim == 2:  # [b, heads, slots, d] -> slots on dim 1 for right_align
-                return right_align(both.transpose(1, 2), shift, top - q).transpose(1, 2)
-            return right_align(both, shift, top - q)
-
-        self.kv = [(grow(k, nk, 2), grow(v, nv, 2)) for (k, v), (nk, nv) in zip(self.kv, new_kv)]
-        self.positions = grow(self.positions, positions, 1)
-        self.valid = grow(self.valid, valid, 1)
+        self.kv = [(torch.cat([k, nk], dim=2), torch.cat([v, nv], dim=2)) for (k, v), (nk, nv) in zip(self.kv, new_kv)]
+        self.positions = torch.cat([self.positions, positions], dim=1)
+        self.valid = torch.cat([self.valid, valid], dim=1)
 
     def select_rows(self, rows: torch.Tensor) -> None:
+        self._flush()
         self.kv = [(k[rows], v[rows]) for k, v in self.kv]
         self.positions, self.valid = self.positions[rows], self.valid[rows]
 
     def propose(self, anchors: torch.Tensor, start_positions: torch.Tensor, block_size: int,
                 temperature: torch.Tensor | float = 0.0, seeds: torch.Tensor | None = None) -> Proposal:
+        self._flush()
         draft = self.draft
         b = anchors.shape[0]
         temperature = torch.as_tensor(temperature, dtype=torch.float32, device=anchors.device).expand(b)
@@ -135,3 +150,8 @@ class DraftProposer:
                 q = torch.zeros(*q.shape[:-1], vocab, dtype=q.dtype, device=q.device).index_copy_(
                     -1, draft.draft_token_ids(), q)
             return Proposal(draft.draft_to_target(picks), q if sampling else None, confidence)
+
+
+def _gather_slots(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """tensor [b, heads, S, d], index [b, S'] -> [b, heads, S', d]."""
+    return tensor.gather(2, index[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[-1]))

@@ -15,7 +15,10 @@ Contract:
   [.., n_taps * H] (outputs of decoder layers `target_layer_ids`, before the final norm, i.e. HF
   `hidden_states[l + 1]`).
 - `keep(counts)` keeps the first `counts[r]` of the last step's q tokens of row r and drops the
-  rest (rollback after rejection), re-aligning rows that kept different counts.
+  rest (rollback after rejection). With full-attention layers only, the cache is a `kvcache.SlotLayer`
+  per layer (appends in place) and rows that kept different counts simply mask out their rejected
+  slots ("holes"), compacted by one gather once they take too much room; with sliding-window layers
+  (windows are measured in slots) rows are re-aligned to the right edge after every such cycle.
 - `select_rows(rows)` drops finished sequences from the batch.
 - `features(input_ids, attention_mask)` is the cache-free pass used by training.
 """
@@ -27,7 +30,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from dflash2.errors import require
-from dflash2.decoding.ragged import right_align
+from dflash2.decoding.kvcache import SlotLayer
+from dflash2.decoding.ragged import compaction_index, right_align, worth_compacting
 
 _RECURRENT_LAYER_TYPES = ("linear_attention", "mamba", "conv", "recurrent", "mamba2", "gated_deltanet")
 
@@ -141,6 +145,9 @@ class TargetAdapter:
         ids, mask = ids.to(self.device), mask.to(self.device)
         self.cache = DynamicCache(config=self.model.config)
         self.cache.activate_past_recording()  # sliding-window layers must be able to roll back
+        self.holes = all(type(layer) is DynamicLayer for layer in self.cache.layers)
+        if self.holes:
+            self.cache.layers = [SlotLayer() for _ in self.cache.layers]
         self.mask = mask
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         self.next_position = mask.sum(-1)
@@ -156,7 +163,7 @@ class TargetAdapter:
         new_mask = self.mask
         width = max(old_mask.shape[1], self.mask.shape[1])
         for old_layer, new_layer in zip(old_cache.layers, self.cache.layers):
-            require(type(old_layer) in (DynamicLayer, DynamicSlidingWindowLayer),
+            require(type(old_layer) in (DynamicLayer, DynamicSlidingWindowLayer, SlotLayer),
                     f"cache layer {type(old_layer).__name__} cannot take new rows")
             # stored slots are the last ones of each part: left-pad to one count, rows stay right-aligned
             stored = max(old_layer.keys.shape[-2], new_layer.keys.shape[-2])
@@ -186,6 +193,15 @@ class TargetAdapter:
             if top < q:
                 self.cache.crop(top - q)
                 self.mask = self.mask[:, : top - q]
+            return
+        if self.holes:  # rows kept different counts: mask out each row's rejected slots
+            self.mask[:, -q:] = (torch.arange(q, device=self.device)[None, :] < counts[:, None]).to(self.mask.dtype)
+            if worth_compacting(self.mask):
+                index = compaction_index(self.mask)                                        # [b, S']
+                for layer in self.cache.layers:
+                    slots = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+                    layer.keys, layer.values = layer.keys.gather(2, slots), layer.values.gather(2, slots)
+                self.mask = self.mask.gather(1, index)
             return
         # Rows kept different counts: shift each row right so all rows end at the right edge again.
         shift = top - counts                                   # [b] extra left padding per row
