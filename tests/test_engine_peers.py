@@ -8,14 +8,14 @@ import stat
 from pathlib import Path
 
 from dflash2.decoding.engine import GenerationConfig
-from dflash2.eval import engine_peers, peers
+from dflash2.eval import bench, engine_peers, peers
 from dflash2.targets.tiny import tiny_draft, tiny_target
 
 SPECS = {spec.short: spec for spec in engine_peers.ENGINE_PEERS}
 
 
 def test_engine_peers_are_bench_peers():
-    assert {"vllm", "vllm-dflash", "mlx-dflash"} <= set(peers.PEER_NAMES)
+    assert {"vllm", "vllm-dflash", "mlx-dflash"} <= set(bench.PEER_NAMES)
 
 
 def test_missing_venv_is_unavailable_with_the_setup_command(tmp_path):

@@ -1,7 +1,7 @@
 """Prompt sources: evaluation benchmarks, user prompt files and training prompts.
 
 Contract:
-- Every prompt is a `Conversation`: the dataset it came from, an id (a string) and `turns`, the
+- Every prompt is a `Conversation` (`dflash2.data.conversation`): the dataset it came from, an id (a string) and `turns`, the
   user turns in order. Benchmarks have one turn, except MT-Bench with two.
 - `load_benchmark(name, num_prompts=None)` reads one of `BENCHMARKS` from the copies shipped in
   `dflash2/data/benchmarks/` (offline; sources and licenses in `LICENSES.md` there) and applies that
@@ -33,11 +33,12 @@ import json
 import os
 import random
 import re
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TextIO
 
+from dflash2.data.conversation import Conversation
+from dflash2.data.synthetic import iter_synthetic_conversations
 from dflash2.errors import DFlash2Error
 
 BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
@@ -75,20 +76,6 @@ _BENCHMARK_FILES = {
 # are indexed whole, shorter ones are not indexed (too generic to attribute).
 NGRAM = 13
 MIN_NGRAM = 8
-
-
-@dataclass
-class Conversation:
-    """User turns of one conversation; the model's replies are generated, never stored here."""
-
-    dataset: str
-    id: str
-    turns: list[str] = field(default_factory=list)
-
-    @property
-    def prompt(self) -> str:
-        """The first user turn."""
-        return self.turns[0]
 
 
 # --------------------------------------------------------------------------- benchmarks
@@ -408,7 +395,6 @@ def overlaps_benchmarks(text: str) -> bool:
 # --------------------------------------------------------------------------- training prompts
 
 def _synthetic_conversations() -> Iterator[Conversation]:
-    from dflash2.data.synthetic import iter_synthetic_conversations  # imported late: it imports this module
     return iter_synthetic_conversations()
 
 

@@ -1,4 +1,4 @@
-"""Regenerate training responses with the target itself (SPEC §4: the draft imitates the target).
+"""Regenerate training responses with the target itself (docs/spec.md §4: the draft imitates the target).
 
 Contract:
 - `regenerate(target, out_dir, num_prompts, ...)` loads the target, takes the training prompts of

@@ -27,7 +27,7 @@ import random
 from typing import Any, Iterator
 
 from dflash2.data import synthetic_math, synthetic_math_more
-from dflash2.data.prompts import Conversation
+from dflash2.data.conversation import Conversation
 from dflash2.data.synthetic_code import render_code
 from dflash2.errors import DFlash2Error
 

@@ -1,4 +1,4 @@
-"""Draft side of a decoding cycle: the draft's context cache and one block proposal (SPEC §3 step 1).
+"""Draft side of a decoding cycle: the draft's context cache and one block proposal (docs/spec.md §3 step 1).
 
 Contract:
 - `DraftProposer(draft)` holds, per draft layer, the K/V of the target features committed so far

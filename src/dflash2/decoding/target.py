@@ -1,4 +1,4 @@
-"""Target adapter: a Hugging Face causal LM as the verifier of speculative decoding (SPEC §3).
+"""Target adapter: a Hugging Face causal LM as the verifier of speculative decoding (docs/spec.md §3).
 
 Contract:
 - `TargetAdapter(model, target_layer_ids)` wraps Llama-, Qwen3-, Gemma3-style (and any other

@@ -1,6 +1,6 @@
-"""`dflash2 analyze`: where a draft's acceptance comes from (the DFlash2 motivation analyses, SPEC §1).
+"""`dflash2 analyze`: where a draft's acceptance comes from (the DFlash2 motivation analyses, docs/spec.md §1).
 
-Contract: `main(argv)` (and `run_analysis(pipe, args)` for a pre-built `Pipeline`) takes the first
+Contract: `main(argv)` (and `run_analysis(pipe, settings: AnalyzeSettings)` for a pre-built `Pipeline`) takes the first
 turn of `--num-prompts` prompts of `--dataset` (comma list allowed; or `--dataset-file`), lets the
 target decode each greedily (autoregressive, the SAME engine without a draft), then, teacher-forced
 on prompt + that continuation, runs the draft block `[anchor, MASK...]` at every anchor position
@@ -27,6 +27,7 @@ import math
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,7 +35,7 @@ from tqdm import tqdm
 
 from dflash2.argparsing import OneLineParser
 from dflash2.eval import plots
-from dflash2.eval.benchkit import (add_model_arguments, build_pipeline, check_output, first_turns, git_commit,
+from dflash2.eval.benchkit import (ModelSettings, add_model_arguments, build_pipeline, check_output, first_turns, git_commit,
                                    load_conversations, machine_info, machine_line, markdown_table, parse_list,
                                    write_json, write_text)
 from dflash2.model.draft import apply_rope, rope_cos_sin
@@ -46,7 +47,28 @@ from dflash2.decoding.proposer import DraftProposer
 from dflash2.decoding.timing import Stopwatch
 
 
-def parse_args(argv):
+@dataclass(frozen=True)
+class AnalyzeSettings:
+    """What `dflash2 analyze` measures, on which models."""
+    model: ModelSettings = field(default_factory=ModelSettings)
+    datasets: tuple[str, ...] = ("gsm8k",)
+    dataset_files: tuple[str, ...] = ()
+    num_prompts: int = 8
+    max_new_tokens: int = 128     # length of the target's greedy continuation
+    top_k: int = 16               # K of the top-K recall and of the oracle picker
+    anchors_per_pass: int = 16    # draft blocks evaluated in one forward
+    repeats: int = 15             # timing repeats for the latency shares
+    output: str = "runs/analyze"
+
+    def validate(self) -> "AnalyzeSettings":
+        for name in ("num_prompts", "top_k", "repeats", "max_new_tokens", "anchors_per_pass"):
+            value = getattr(self, name)
+            require(value > 0, f"--{name.replace('_', '-')} must be positive, got {value}")
+        check_output(self.output)
+        return self
+
+
+def parse_args(argv) -> AnalyzeSettings:
     p = OneLineParser(prog="dflash2 analyze", description="Recall, oracle selector, suffix decay, "
                                 "in-block attention share and latency shares of a draft.")
     add_model_arguments(p)
@@ -60,11 +82,10 @@ def parse_args(argv):
     p.add_argument("--repeats", type=int, default=15, help="timing repeats for the latency shares")
     p.add_argument("--output", default="runs/analyze")
     args = p.parse_args(argv)
-    for flag in ("num_prompts", "top_k", "repeats", "max_new_tokens", "anchors_per_pass"):
-        require(getattr(args, flag) > 0, f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    check_output(args.output)
-    args.dataset_list = [] if args.dataset.strip().lower() in ("", "none") else parse_list(args.dataset, "--dataset")
-    return args
+    datasets = () if args.dataset.strip().lower() in ("", "none") else tuple(parse_list(args.dataset, "--dataset"))
+    return AnalyzeSettings(ModelSettings.from_args(args), datasets, tuple(args.dataset_file or ()), args.num_prompts,
+                           args.max_new_tokens, args.top_k, args.anchors_per_pass, args.repeats,
+                           args.output).validate()
 
 
 class AttentionProbe:
@@ -154,7 +175,7 @@ class Tally:
 
 
 @torch.inference_mode()
-def teacher_forced(pipe: Pipeline, sequences: list[tuple[int, list[int]]], args, tallies: dict, probes: dict) -> None:
+def teacher_forced(pipe: Pipeline, sequences: list[tuple[int, list[int]]], args: AnalyzeSettings, tallies: dict, probes: dict) -> None:
     """Run the draft at every anchor of every continuation, convs on and (if any) off."""
     adapter, draft = pipe.decoder.target, pipe.decoder.draft
     cfg = draft.config
@@ -246,15 +267,15 @@ def engine_phases(pipe: Pipeline, prompts: list[list[int]], config: GenerationCo
             "shares": {k: v / per_cycle for k, v in totals.items() if k != "prefill" and per_cycle}}
 
 
-def run_analysis(pipe: Pipeline, args) -> dict:
+def run_analysis(pipe: Pipeline, args: AnalyzeSettings) -> dict:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     draft = pipe.decoder.draft
     require(draft is not None, "analyze needs a draft")
-    conversations = load_conversations(args.dataset_list, args.num_prompts, args.dataset_file)
+    conversations = load_conversations(list(args.datasets), args.num_prompts, list(args.dataset_files))
     prompts = [p for convs in conversations.values() for p in first_turns(convs, pipe.tokenizer)]
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop_token_ids=tuple(pipe.stop_token_ids),
-                              seed=args.seed)
+                              seed=args.model.seed)
     ar = SpeculativeDecoder(pipe.decoder.target)
     sequences = []
     for ids in tqdm(prompts, desc="target greedy continuations", unit="prompt"):
@@ -274,16 +295,16 @@ def run_analysis(pipe: Pipeline, args) -> dict:
     micro = latency(pipe, prompts[0], args.repeats)
     engine = engine_phases(pipe, prompts[: min(4, len(prompts))],
                            GenerationConfig(max_new_tokens=min(64, args.max_new_tokens),
-                                            stop_token_ids=tuple(pipe.stop_token_ids), seed=args.seed))
+                                            stop_token_ids=tuple(pipe.stop_token_ids), seed=args.model.seed))
     info = machine_info()
     results = {
-        "settings": {"target": "tiny random llama" if getattr(args, "tiny", False) else args.target,
+        "settings": {"target": args.model.target_label,
                      "draft": pipe.draft_description, "trained_draft": pipe.trained_draft,
                      "datasets": list(conversations), "num_prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                      "top_k": args.top_k, "block_size": draft.config.block_size, "has_convs": draft.config.use_conv,
                      "selector_top_k": draft.selector.top_k if draft.selector is not None else None,
                      "full_blocks": on.full_blocks, "continuation_tokens": sum(len(s) - p for p, s in sequences),
-                     "device": args.device, "dtype": args.dtype, "seed": args.seed},
+                     "device": args.model.device, "dtype": args.model.dtype, "seed": args.model.seed},
         "recall": recall,
         "acceptance": {v: tallies[v].acceptance() for v in variants},
         "suffix_decay": {"topk_first": recall["topk"][0], "topk_last": recall["topk"][-1],
@@ -341,8 +362,8 @@ def render_markdown(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    load_conversations(args.dataset_list, args.num_prompts, args.dataset_file)  # bad prompt files fail before any load
-    run_analysis(build_pipeline(args), args)
+    load_conversations(list(args.datasets), args.num_prompts, list(args.dataset_files))  # bad prompt files fail before any load
+    run_analysis(build_pipeline(args.model), args)
     return 0
 
 

@@ -1,6 +1,7 @@
-"""`dflash2 bench`: the DFlash2 evaluation protocol (SPEC §5) on this engine, side by side with peers.
+"""`dflash2 bench`: the DFlash2 evaluation protocol (docs/spec.md §5) on this engine, side by side with peers.
 
-Contract: `main(argv)` (and `run_bench(pipe, args)` for a pre-built `Pipeline`) decodes every
+Contract: `main(argv)` (and `run_bench(pipe, settings: BenchSettings)` for a pre-built `Pipeline`;
+`parse_args(argv)` builds the settings, other code such as the ablation builds them directly) decodes every
 prompt of each dataset twice with the SAME engine and batch size: speculatively (target + draft)
 and autoregressively (`SpeculativeDecoder(target)`, no draft), batch by batch, interleaved, in
 batches of each `--concurrency` value. Datasets: shipped benchmarks (`--datasets`) and/or JSONL
@@ -17,7 +18,10 @@ Per dataset and overall, at every concurrency, it reports:
   token), speedup = autoregressive TPOT / speculative TPOT, phase times;
 - at T=0, `mismatches`: sequences whose speculative output differs from the autoregressive one
   (0 expected in float32); None when sampling.
-Every finished dataset and peer group is saved under OUTPUT/parts (`benchparts`); `--resume`
+Runs are typed: a `Side` is one decoder's runs at one batch size (per-row `RowStats`, the batches'
+`BatchTiming`), a `PairRuns` both decoders' sides turn by turn, a `DatasetRun` a dataset's pairs at
+every concurrency; each has `to_dict` / `from_dict`. Every finished dataset and peer group is saved
+under OUTPUT/parts (`eval.parts`); `--resume`
 reuses those of an interrupted run with identical settings, weights and code.
 `--no-baseline` skips the autoregressive runs (acceptance length and throughput only; speedup and
 mismatches are None), e.g. for comparing drafts; MT-Bench's next turn then follows the speculative
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
@@ -39,9 +43,10 @@ from dflash2.argparsing import OneLineParser
 from dflash2.eval import engine_peers
 from dflash2.eval import peers as peer_runs
 from dflash2.eval import plots
+from dflash2.eval.bench_report import render_markdown
 from dflash2.eval.parts import PartStore, run_fingerprint, weights_digest
-from dflash2.eval.benchkit import (add_model_arguments, build_pipeline, check_output, fmt, git_commit,
-                                   load_conversations, machine_identity, machine_info, machine_line, markdown_table,
+from dflash2.eval.benchkit import (ModelSettings, add_model_arguments, build_pipeline, check_output, fmt, git_commit,
+                                   load_conversations, machine_identity, machine_info, machine_line,
                                    parse_list, write_json, write_text)
 from dflash2.targets.chat import encode_messages
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
@@ -49,6 +54,8 @@ from dflash2.decoding.stats import BatchTiming, RowStats
 from dflash2.errors import DFlash2Error, require
 from dflash2.pipeline import Pipeline, shipped_draft_path
 from dflash2.data.prompts import BENCHMARKS
+
+PEER_NAMES = peer_runs.PEER_NAMES + engine_peers.ENGINE_PEER_NAMES   # what --peers accepts
 
 DEFINITIONS = {
     "acceptance_length": "committed tokens / verification passes, bonus token counted, prefill token excluded; "
@@ -102,7 +109,79 @@ class Side:
                    [BatchTiming.from_dict(t) for t in data["batches"]], data["seconds"])
 
 
-def parse_args(argv):
+@dataclass
+class PairRuns:
+    """Both decoders' runs at one concurrency: one `Side` per conversation turn (`ar` empty without a baseline)."""
+    ar: list[Side] = field(default_factory=list)
+    spec: list[Side] = field(default_factory=list)
+
+    def extend(self, other: "PairRuns") -> None:
+        self.ar += other.ar
+        self.spec += other.spec
+
+    def to_dict(self) -> dict:
+        return {"ar": [side.to_dict() for side in self.ar], "spec": [side.to_dict() for side in self.spec]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "PairRuns":
+        return cls([Side.from_dict(x) for x in data["ar"]], [Side.from_dict(x) for x in data["spec"]])
+
+
+@dataclass
+class DatasetRun:
+    """One dataset at every concurrency, with what the peers need: the prompts in run order, the answers
+    at the first concurrency (autoregressive, or speculative without a baseline) and the speculative
+    per-cycle acceptance lengths there."""
+    runs: dict[int, PairRuns]
+    prompts: list[list[int]]
+    outputs: list[list[int]]
+    cycles: list[list[int]]
+
+    def to_dict(self) -> dict:
+        return {"runs": {str(c): pair.to_dict() for c, pair in self.runs.items()}, "prompts": self.prompts,
+                "outputs": self.outputs, "cycles": self.cycles}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "DatasetRun":
+        return cls({int(c): PairRuns.from_dict(pair) for c, pair in data["runs"].items()}, data["prompts"],
+                   data["outputs"], data["cycles"])
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """Everything a bench run depends on besides the code and the weights."""
+    model: ModelSettings = field(default_factory=ModelSettings)
+    datasets: tuple[str, ...] = tuple(BENCHMARKS)
+    dataset_files: tuple[str, ...] = ()
+    num_prompts: int = 16
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    baseline: bool = True            # False: no autoregressive runs (no speedup, no lossless check)
+    resume: bool = False
+    concurrency: tuple[int, ...] = (1,)
+    output: str = "runs/bench"
+    peers: frozenset[str] = frozenset()
+    peers_python: str | None = None
+
+    def generation(self, stop_token_ids=()) -> GenerationConfig:
+        return GenerationConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                                top_k=self.top_k, stop_token_ids=tuple(stop_token_ids), seed=self.model.seed)
+
+    def validate(self) -> "BenchSettings":
+        require(self.num_prompts > 0, f"--num-prompts must be positive, got {self.num_prompts}")
+        self.generation().validate()
+        check_output(self.output)
+        require(bool(self.concurrency) and all(c > 0 for c in self.concurrency),
+                f"--concurrency must be positive integers, got {list(self.concurrency)}")
+        unknown = sorted(self.peers - set(PEER_NAMES))
+        if unknown:
+            raise DFlash2Error(f"unknown peer '{unknown[0]}' (choose from {', '.join(PEER_NAMES)})")
+        return self
+
+
+def parse_args(argv) -> BenchSettings:
     p = OneLineParser(prog="dflash2 bench", description="Acceptance length, speedup and losslessness of "
                                 "speculative decoding vs this engine's autoregressive baseline, and vs peers.")
     add_model_arguments(p)
@@ -126,39 +205,34 @@ def parse_args(argv):
                         "mlx-dflash")
     p.add_argument("--peers-python", default=None, help="python of the peers venv (default .venv-peers/bin/python)")
     args = p.parse_args(argv)
-    require(args.num_prompts > 0, f"--num-prompts must be positive, got {args.num_prompts}")
-    GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                     top_k=args.top_k, seed=args.seed).validate()
-    check_output(args.output)
-    args.concurrency_list = [int(c) for c in parse_list(args.concurrency, "--concurrency") if c.isdigit() and int(c) > 0]
-    require(len(args.concurrency_list) == len(parse_list(args.concurrency, "--concurrency")),
-            f"--concurrency must be positive integers, got '{args.concurrency}'")
+    items = parse_list(args.concurrency, "--concurrency")
+    require(all(c.isdigit() and int(c) > 0 for c in items), f"--concurrency must be positive integers, got '{args.concurrency}'")
     if args.datasets is None:
-        args.dataset_list = [] if args.dataset_file else list(BENCHMARKS)
+        datasets = [] if args.dataset_file else list(BENCHMARKS)
     else:
-        args.dataset_list = [] if args.datasets.strip().lower() in ("", "none") else parse_list(args.datasets, "--datasets")
-    if args.peers is None:
-        args.peer_set = set()
-    else:
-        args.peer_set = set(peer_runs.PEER_NAMES) if args.peers == "all" else set(parse_list(args.peers, "--peers"))
-        unknown = sorted(args.peer_set - set(peer_runs.PEER_NAMES))
-        if unknown:
-            raise DFlash2Error(f"unknown peer '{unknown[0]}' (choose from {', '.join(peer_runs.PEER_NAMES)})")
-    return args
+        datasets = [] if args.datasets.strip().lower() in ("", "none") else parse_list(args.datasets, "--datasets")
+    peers = (set() if args.peers is None else
+             set(PEER_NAMES) if args.peers == "all" else set(parse_list(args.peers, "--peers")))
+    return BenchSettings(ModelSettings.from_args(args), tuple(datasets), tuple(args.dataset_file or ()),
+                         args.num_prompts, args.max_new_tokens, args.temperature, args.top_p, args.top_k,
+                         not args.no_baseline, args.resume, tuple(int(c) for c in items), args.output,
+                         frozenset(peers), args.peers_python).validate()
 
 
-def run_pair(ar: SpeculativeDecoder, spec: SpeculativeDecoder, prompts, batch: int, config, desc: str):
-    """Decode `prompts` in batches with both decoders, batch by batch, so load drift hits both alike."""
-    sides = Side(), Side()
+def run_pair(ar: SpeculativeDecoder | None, spec: SpeculativeDecoder, prompts, batch: int, config,
+             desc: str) -> tuple[Side, Side]:
+    """Decode `prompts` in batches with both decoders, batch by batch, so load drift hits both alike
+    -> (autoregressive side, speculative side); the first stays empty when `ar` is None (no baseline)."""
+    ar_side, spec_side = Side(), Side()
     for start in tqdm(range(0, len(prompts), batch), desc=desc, unit="batch", leave=False):
         chunk = prompts[start:start + batch]
-        for decoder, side in zip((ar, spec), sides):
-            if decoder is None:  # --no-baseline
+        for decoder, side in ((ar, ar_side), (spec, spec_side)):
+            if decoder is None:
                 continue
             clock = time.perf_counter()
             results = decoder.generate(chunk, config)
             side.add(results, time.perf_counter() - clock)
-    return sides
+    return ar_side, spec_side
 
 
 def summarize(sides: list[Side], block: int) -> dict:
@@ -193,7 +267,9 @@ def summarize(sides: list[Side], block: int) -> dict:
     }
 
 
-def entry(ar_sides: list[Side], spec_sides: list[Side], block: int, greedy: bool) -> dict:
+def entry(pair: PairRuns, block: int, greedy: bool) -> dict:
+    """The report of one dataset (or all) at one concurrency: the speculative summary, speedup, mismatches."""
+    ar_sides, spec_sides = pair.ar, pair.spec
     spec, ar = summarize(spec_sides, block), summarize(ar_sides, 1)
     if not ar["sequences"]:  # --no-baseline
         ar["time_per_output_token_ms"] = None
@@ -210,10 +286,10 @@ def entry(ar_sides: list[Side], spec_sides: list[Side], block: int, greedy: bool
     return out
 
 
-def bench_dataset(pipe: Pipeline, ar: SpeculativeDecoder, name: str, conversations, config, concurrency):
-    """-> ({concurrency: (ar sides, spec sides)}, prompts in run order, AR outputs at the first concurrency,
-    per-cycle acceptance lengths of the speculative runs at the first concurrency)."""
-    runs = {c: ([], []) for c in concurrency}
+def bench_dataset(pipe: Pipeline, ar: SpeculativeDecoder | None, name: str, conversations, config,
+                  concurrency: tuple[int, ...]) -> DatasetRun:
+    """Every turn of every conversation at every concurrency (turn k+1 follows the answer to turn k)."""
+    runs = {c: PairRuns() for c in concurrency}
     histories: list[list[dict]] = [[] for _ in conversations]
     all_prompts, first_outputs, first_cycles = [], [], []
     for turn in range(max(len(c.turns) for c in conversations)):
@@ -224,30 +300,31 @@ def bench_dataset(pipe: Pipeline, ar: SpeculativeDecoder, name: str, conversatio
             prompts.append(encode_messages(pipe.tokenizer, histories[i]))
         for c in concurrency:
             ar_side, spec_side = run_pair(ar, pipe.decoder, prompts, c, config, f"{name} turn {turn + 1} c={c}")
-            runs[c][0].append(ar_side)
-            runs[c][1].append(spec_side)
-        answers = runs[concurrency[0]][0 if ar is not None else 1][-1].outputs
+            runs[c].ar.append(ar_side)
+            runs[c].spec.append(spec_side)
+        first = runs[concurrency[0]]
+        answers = (first.ar if ar is not None else first.spec)[-1].outputs
         for i, answer in zip(active, answers):  # the next turn continues with the target's own answer
             histories[i].append({"role": "assistant", "content": pipe.tokenizer.decode(answer, skip_special_tokens=True)})
         all_prompts += prompts
         first_outputs += answers
-        first_cycles += [st.committed_per_cycle for st in runs[concurrency[0]][1][-1].stats]
-    return runs, all_prompts, first_outputs, first_cycles
+        first_cycles += [st.committed_per_cycle for st in first.spec[-1].stats]
+    return DatasetRun(runs, all_prompts, first_outputs, first_cycles)
 
 
-def peer_model_dirs(pipe: Pipeline, args, out: Path) -> tuple[str | None, str | None]:
+def peer_model_dirs(pipe: Pipeline, model: ModelSettings, out: Path) -> tuple[str | None, str | None]:
     """Directories of the target and the draft checkpoint that the reference package should load."""
     from dflash2.targets.builtin import BUILTIN_TARGETS, resolve_target
 
-    if getattr(args, "tiny", False):
+    if model.tiny:
         target_dir = out / "peer-models" / "tiny-target"
         pipe.decoder.target.model.save_pretrained(target_dir)
     else:
-        resolved = resolve_target(args.target)
+        resolved = resolve_target(model.target)
         target_dir = Path(resolved) if Path(resolved).is_dir() else None
-    if args.draft:
-        return (str(target_dir) if target_dir else None), args.draft
-    shipped = shipped_draft_path(args.target) if args.target in BUILTIN_TARGETS and not args.tiny else None
+    if model.draft:
+        return (str(target_dir) if target_dir else None), model.draft
+    shipped = shipped_draft_path(model.target) if model.target in BUILTIN_TARGETS and not model.tiny else None
     if shipped is not None:
         return (str(target_dir) if target_dir else None), str(shipped)
     draft_dir = out / "peer-models" / "draft-in-use"  # the untrained / tiny draft this run used
@@ -255,33 +332,35 @@ def peer_model_dirs(pipe: Pipeline, args, out: Path) -> tuple[str | None, str | 
     return (str(target_dir) if target_dir else None), str(draft_dir)
 
 
-def run_peers(pipe: Pipeline, args, config, prompts, ar_outputs, out: Path, block: int, store: PartStore) -> dict:
+def run_peers(pipe: Pipeline, settings: BenchSettings, config, prompts, ar_outputs, out: Path, block: int, store: PartStore) -> dict:
     """The peers in two resumable groups: Hugging Face (generate, prompt lookup) and the reference."""
     reports = {}
     greedy_refs = ar_outputs if config.temperature <= 0 else None
-    if args.peer_set & {"hf", "pld"}:
+    wanted = settings.peers
+    if wanted & {"hf", "pld"}:
         group = store.load("peers-hf")
         if group is None:
             pad = getattr(pipe.tokenizer, "pad_token_id", None)
             group = peer_runs.hf_peers(pipe.decoder.target.model, prompts, greedy_refs, config, pipe.stop_token_ids,
-                                       0 if pad is None else pad, block, args.peer_set)
+                                       0 if pad is None else pad, block, set(wanted))
             store.save("peers-hf", group)
         reports.update(group)
-    if "dflash" in args.peer_set:
+    if "dflash" in wanted:
         report = store.load("peers-dflash")
         if report is None:
             print("# peers: running PyPI dflash 0.1.0 in its own venv (batch 1)", file=sys.stderr)
-            target_dir, draft_dir = peer_model_dirs(pipe, args, out)
-            report = peer_runs.dflash_reference(args.peers_python, target_dir, draft_dir, prompts, greedy_refs,
-                                                config, pipe.stop_token_ids, args.device, args.dtype)
+            target_dir, draft_dir = peer_model_dirs(pipe, settings.model, out)
+            report = peer_runs.dflash_reference(settings.peers_python, target_dir, draft_dir, prompts, greedy_refs,
+                                                config, pipe.stop_token_ids, settings.model.device,
+                                                settings.model.dtype)
             if report.get("status") == "ok":  # an unavailable peer is retried on --resume
                 store.save("peers-dflash", report)
         reports["dflash_reference"] = report
     for spec in engine_peers.ENGINE_PEERS:  # vLLM CPU, MLX dflash: each in its own venv
-        if spec.short in args.peer_set:
+        if spec.short in wanted:
             report = store.load(f"peers-{spec.short}")
             if report is None:
-                target_dir, draft_dir = peer_model_dirs(pipe, args, out)
+                target_dir, draft_dir = peer_model_dirs(pipe, settings.model, out)
                 report = engine_peers.engine_peer(spec, None, target_dir, draft_dir, prompts, greedy_refs, config,
                                                   pipe.stop_token_ids, out / "peer-models")
                 if report.get("status") == "ok":
@@ -290,18 +369,14 @@ def run_peers(pipe: Pipeline, args, config, prompts, ar_outputs, out: Path, bloc
     return reports
 
 
-def dataset_runs(store: PartStore, pipe: Pipeline, ar, name: str, convs, config, concurrency):
+def dataset_run(store: PartStore, pipe: Pipeline, ar, name: str, convs, config, concurrency) -> DatasetRun:
     """`bench_dataset`, or its saved part when resuming."""
     part = store.load(f"dataset-{name}")
     if part is not None:
-        runs = {int(c): tuple([Side.from_dict(x) for x in group] for group in pair)
-                for c, pair in part["runs"].items()}
-        return runs, part["prompts"], part["outputs"], part["cycles"]
-    runs, prompts, outputs, cycles = bench_dataset(pipe, ar, name, convs, config, concurrency)
-    store.save(f"dataset-{name}", {
-        "runs": {str(c): [[side.to_dict() for side in group] for group in pair] for c, pair in runs.items()},
-        "prompts": prompts, "outputs": outputs, "cycles": cycles})
-    return runs, prompts, outputs, cycles
+        return DatasetRun.from_dict(part)
+    run = bench_dataset(pipe, ar, name, convs, config, concurrency)
+    store.save(f"dataset-{name}", run.to_dict())
+    return run
 
 
 def compare_cycles(reference: dict, our_cycles: dict[str, list[list[int]]], comparable: bool) -> None:
@@ -316,51 +391,53 @@ def compare_cycles(reference: dict, our_cycles: dict[str, list[list[int]]], comp
                                   "dflash2's per-cycle acceptance lengths (same draft, batch 1)")
 
 
-def run_bench(pipe: Pipeline, args) -> dict:
-    out = Path(args.output)
+def load_bench_conversations(settings: BenchSettings) -> dict:
+    return load_conversations(list(settings.datasets), settings.num_prompts, list(settings.dataset_files) or None)
+
+
+def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
+    out = Path(bench.output)
     out.mkdir(parents=True, exist_ok=True)
     require(pipe.decoder.draft is not None, "bench needs a draft (the autoregressive baseline is built from the target)")
-    conversations = load_conversations(args.dataset_list, args.num_prompts, args.dataset_file)
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                              top_k=args.top_k, stop_token_ids=tuple(pipe.stop_token_ids), seed=args.seed)
+    conversations = load_bench_conversations(bench)
+    config = bench.generation(pipe.stop_token_ids)
     config.validate()
     greedy = config.temperature <= 0
-    ar = None if getattr(args, "no_baseline", False) else SpeculativeDecoder(pipe.decoder.target)
+    ar = SpeculativeDecoder(pipe.decoder.target) if bench.baseline else None
     block = pipe.decoder.block_size(config)
-    concurrency = args.concurrency_list
-    settings = {"target": "tiny random llama" if getattr(args, "tiny", False) else args.target,
+    concurrency = bench.concurrency
+    model = bench.model
+    settings = {"target": model.target_label,
                 "draft": pipe.draft_description, "trained_draft": pipe.trained_draft, "block_size": block,
                 "speculate": pipe.decoder.speculate,
-                "datasets": list(conversations), "num_prompts": args.num_prompts,
-                "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
-                "top_k": args.top_k, "concurrency": concurrency, "device": args.device, "dtype": args.dtype,
-                "seed": args.seed, "peers": sorted(args.peer_set), "baseline": ar is not None,
-                "dataset_file": args.dataset_file, "machine": machine_identity()}
+                "datasets": list(conversations), "num_prompts": bench.num_prompts,
+                "max_new_tokens": bench.max_new_tokens, "temperature": bench.temperature, "top_p": bench.top_p,
+                "top_k": bench.top_k, "concurrency": list(concurrency), "device": model.device, "dtype": model.dtype,
+                "seed": model.seed, "peers": sorted(bench.peers), "baseline": ar is not None,
+                "dataset_file": list(bench.dataset_files) or None, "machine": machine_identity()}
     weights = weights_digest(pipe.decoder.target.model, pipe.decoder.draft)
-    store = PartStore(out, run_fingerprint(settings, weights, Path(__file__).resolve().parent),
-                      getattr(args, "resume", False))
+    store = PartStore(out, run_fingerprint(settings, weights, Path(__file__).resolve().parent), bench.resume)
     print(f"# bench: draft {pipe.draft_description}; block {block}; concurrency {concurrency}", file=sys.stderr)
     warm = first_prompt(pipe, conversations)
     for decoder in (ar, pipe.decoder):  # untimed warm-up: first-call overheads hit neither side's figures
         if decoder is not None:
-            decoder.generate([warm], GenerationConfig(max_new_tokens=min(8, args.max_new_tokens), seed=args.seed))
+            decoder.generate([warm], GenerationConfig(max_new_tokens=min(8, bench.max_new_tokens), seed=model.seed))
 
-    datasets, all_runs, peer_prompts, peer_refs, our_cycles = {}, {c: ([], []) for c in concurrency}, {}, {}, {}
+    datasets, all_runs, peer_prompts, peer_refs, our_cycles = {}, {c: PairRuns() for c in concurrency}, {}, {}, {}
     for name, convs in conversations.items():
-        runs, prompts, outputs, cycles = dataset_runs(store, pipe, ar, name, convs, config, concurrency)
+        run = dataset_run(store, pipe, ar, name, convs, config, concurrency)
         per_c = {}
         for c in concurrency:
-            per_c[str(c)] = entry(runs[c][0], runs[c][1], block, greedy)
-            all_runs[c][0].extend(runs[c][0])
-            all_runs[c][1].extend(runs[c][1])
+            per_c[str(c)] = entry(run.runs[c], block, greedy)
+            all_runs[c].extend(run.runs[c])
         datasets[name] = dict(per_c[str(concurrency[0])], num_prompts=len(convs), by_concurrency=per_c)
-        peer_prompts[name], peer_refs[name], our_cycles[name] = prompts, outputs, cycles
+        peer_prompts[name], peer_refs[name], our_cycles[name] = run.prompts, run.outputs, run.cycles
         print(f"# {name}: tau {fmt(datasets[name]['acceptance_length'])}, speedup {fmt(datasets[name]['speedup'])}x, "
               f"mismatches {datasets[name]['mismatches']}", file=sys.stderr)
-    overall_c = {str(c): entry(all_runs[c][0], all_runs[c][1], block, greedy) for c in concurrency}
+    overall_c = {str(c): entry(all_runs[c], block, greedy) for c in concurrency}
     overall = dict(overall_c[str(concurrency[0])], by_concurrency=overall_c,
                    mean_over_datasets=sum(d["acceptance_length"] or 0 for d in datasets.values()) / len(datasets))
-    peers = run_peers(pipe, args, config, peer_prompts, peer_refs, out, block, store) if args.peer_set else {}
+    peers = run_peers(pipe, bench, config, peer_prompts, peer_refs, out, block, store) if bench.peers else {}
     if "dflash_reference" in peers:
         compare_cycles(peers["dflash_reference"], our_cycles, concurrency[0] == 1 and greedy)
     info = machine_info()
@@ -381,70 +458,10 @@ def first_prompt(pipe: Pipeline, conversations) -> list[int]:
     return encode_messages(pipe.tokenizer, [{"role": "user", "content": conv.turns[0]}])
 
 
-def render_markdown(results: dict) -> str:
-    s = results["settings"]
-    c0 = s["concurrency"][0]
-    lines = [f"# dflash2 bench: {s['target']}\n",
-             f"- draft: {s['draft']}{'' if s['trained_draft'] else ' (untrained: expect tau near 1)'}",
-             f"- {len(s['datasets'])} datasets, {s['num_prompts']} prompts each, max {s['max_new_tokens']} new tokens, "
-             f"T={s['temperature']}, top-p {s['top_p']}, top-k {s['top_k']}, block {s['block_size']}, "
-             f"{s['device']} {s['dtype']}, seed {s['seed']}",
-             f"- machine: {results['machine']}; commit {results['commit']}",
-             "- acceptance length (tau) = committed tokens / verification passes (bonus counted); the overall row pools "
-             "every cycle of every dataset (total tokens / total cycles), it is not a mean of means; speedup = "
-             "autoregressive / speculative time per output token of this same engine, same prompts and batch size\n",
-             f"## dflash2 at concurrency {c0}\n"]
-    rows = [[name, d["acceptance_length"], d["baseline_tokens_per_second"], d["tokens_per_second"], d["speedup"],
-             d["time_per_output_token_ms"], d["mismatches"], d["sequences"]]
-            for name, d in list(results["datasets"].items()) + [("**overall**", results["overall"])]]
-    lines.append(markdown_table(["dataset", "tau", "AR tok/s", "spec tok/s", "speedup", "TPOT ms", "mismatches",
-                                 "sequences"], rows))
-    lines.append(f"Mean of the per-dataset tau (as in the published tables): {results['overall']['mean_over_datasets']:.2f}\n")
-    block = s["block_size"]
-    lines.append("## Per-position acceptance (drafts 1..k all accepted) and tau histogram\n")
-    rows = [[name] + d["position_acceptance"] for name, d in
-            list(results["datasets"].items()) + [("overall", results["overall"])]]
-    lines.append(markdown_table(["dataset"] + [f"k={k}" for k in range(1, block)], rows))
-    rows = [[name] + [d["histogram"][tau] for tau in range(1, block + 1)] for name, d in
-            list(results["datasets"].items()) + [("overall", results["overall"])]]
-    lines.append(markdown_table(["dataset"] + [f"tau={t}" for t in range(1, block + 1)], rows))
-    if len(s["concurrency"]) > 1:
-        lines.append("## Concurrency (overall)\n")
-        rows = [[c, d["acceptance_length"], d["baseline_tokens_per_second"], d["tokens_per_second"], d["speedup"],
-                 d["mismatches"]] for c, d in results["overall"]["by_concurrency"].items()]
-        lines.append(markdown_table(["batch", "tau", "AR tok/s", "spec tok/s", "speedup", "mismatches"], rows))
-    if results["peers"]:
-        lines.append(render_peers(results))
-    lines.append("## Plots\n")
-    lines += [f"![{p}]({p})" for p in results["plots"]]
-    return "\n".join(lines) + "\n"
-
-
-def render_peers(results: dict) -> str:
-    lines = ["## Peers (batch 1, same prompts)\n"]
-    rows = []
-    for name, d in list(results["datasets"].items()) + [("overall", results["overall"])]:
-        by1 = d["by_concurrency"].get("1", d)
-        rows.append(["dflash2 (this engine)", name, by1["acceptance_length"], by1["tokens_per_second"],
-                     by1["speedup"], by1["mismatches"]])
-    for key, report in results["peers"].items():
-        if report["status"] != "ok":
-            continue
-        for name, d in list(report["datasets"].items()) + [("overall", report["overall"])]:
-            rows.append([key, name, d.get("acceptance_length"), d.get("tokens_per_second"), d.get("speedup"),
-                         d.get("mismatches")])
-    lines.append(markdown_table(["decoder", "dataset", "tau", "tok/s", "speedup", "mismatches vs dflash2 AR"], rows))
-    for key, report in results["peers"].items():
-        status = report["status"] + (f": {report['reason']}" if report.get("reason") else "")
-        lines.append(f"- **{key}** ({report['description']}): {status}")
-        lines += [f"  - {note}" for note in report.get("notes", [])]
-    return "\n".join(lines) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    load_conversations(args.dataset_list, args.num_prompts, args.dataset_file)  # bad prompt files fail before any load
-    run_bench(build_pipeline(args), args)
+    settings = parse_args(sys.argv[1:] if argv is None else argv)
+    load_bench_conversations(settings)  # bad prompt files fail before any load
+    run_bench(build_pipeline(settings.model), settings)
     return 0
 
 

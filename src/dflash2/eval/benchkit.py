@@ -1,9 +1,10 @@
 """Shared pieces of `dflash2 bench` and `dflash2 analyze`: pipelines, prompts, run metadata, output.
 
 Contract:
-- `build_pipeline(args)` returns a `loading.Pipeline`: the real target and draft from
-  `args.target / args.draft / args.device / args.dtype`, or, with the hidden `--tiny` option, a
-  random tiny Llama target and DFlash2 draft from `dflash2.targets.tiny` with a character-level
+- `ModelSettings` (typed: target, draft, device, dtype, seed, threads, speculate, tiny) is what
+  `add_model_arguments` parses (`ModelSettings.from_args`); `build_pipeline(model)` returns a
+  `Pipeline`: the real target and draft it names, or, with the hidden `--tiny` option, a random
+  tiny Llama target and DFlash2 draft from `dflash2.targets.tiny` with a character-level
   `TinyTokenizer` (seconds on a CPU; used by the smoke tests).
 - `load_conversations(datasets, num_prompts, dataset_files)` -> {dataset name: [Conversation]} from
   the shipped benchmarks and/or user JSONL files (each its own dataset, reported under the file's
@@ -20,6 +21,7 @@ import json
 import os
 import platform
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -63,14 +65,38 @@ def tiny_pipeline(seed: int = 0, speculate: str = "auto") -> Pipeline:
     return Pipeline(decoder, TinyTokenizer(target.config.vocab_size), (), "tiny random DFlash2 draft [DFlash2]", False)
 
 
-def build_pipeline(args) -> Pipeline:
-    if getattr(args, "threads", None) is not None:
-        require(args.threads > 0, f"--threads must be positive, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    if getattr(args, "tiny", False):
-        torch.manual_seed(args.seed)
-        return tiny_pipeline(args.seed, args.speculate)
-    return load_decoder(args.target, args.draft, args.device, args.dtype, speculate=args.speculate)
+@dataclass(frozen=True)
+class ModelSettings:
+    """Which target and draft a command loads, where, and how the draft is used."""
+    target: str = "smollm2"
+    draft: str | None = None      # checkpoint directory; None = the shipped one, else an untrained draft
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    threads: int | None = None    # torch CPU threads; None = torch's choice
+    speculate: str = "auto"       # auto | always | never
+    tiny: bool = False            # random tiny models (tests)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ModelSettings":
+        """The options of `add_model_arguments`, checked."""
+        settings = cls(args.target, args.draft, args.device, args.dtype, args.seed, args.threads, args.speculate,
+                       args.tiny)
+        require(settings.threads is None or settings.threads > 0, f"--threads must be positive, got {settings.threads}")
+        return settings
+
+    @property
+    def target_label(self) -> str:
+        return "tiny random llama" if self.tiny else self.target
+
+
+def build_pipeline(model: ModelSettings) -> Pipeline:
+    if model.threads is not None:
+        torch.set_num_threads(model.threads)
+    if model.tiny:
+        torch.manual_seed(model.seed)
+        return tiny_pipeline(model.seed, model.speculate)
+    return load_decoder(model.target, model.draft, model.device, model.dtype, speculate=model.speculate)
 
 
 def add_model_arguments(parser) -> None:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.policy import SpeculationPolicy
 from dflash2.errors import DFlash2Error, require
-from dflash2.eval.benchkit import add_model_arguments, build_pipeline, cpu_model, first_turns, load_conversations, parse_list
+from dflash2.eval.benchkit import ModelSettings, add_model_arguments, build_pipeline, cpu_model, first_turns, load_conversations, parse_list
 
 PHASES = ("verify", "draft", "draft_head", "selector", "accept", "realign", "host", "policy")
 FORWARD = ("verify", "draft", "draft_head")   # the two models' forward passes (the LM head is the draft's)
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         batches = [int(b) for b in parse_list(args.batch, "--batch") if b.isdigit() and int(b) > 0]
         require(len(batches) == len(parse_list(args.batch, "--batch")), f"--batch must be positive integers, got '{args.batch}'")
         require(args.new_tokens > 1, f"--new-tokens must be at least 2, got {args.new_tokens}")
-        pipe = build_pipeline(args)
+        pipe = build_pipeline(ModelSettings.from_args(args))
         require(pipe.decoder.draft is not None, "a cycle profile needs a draft")
         convs = [c for group in load_conversations(parse_list(args.datasets, "--datasets"), 8).values() for c in group]
         prompts = first_turns(convs, pipe.tokenizer)

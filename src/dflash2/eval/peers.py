@@ -32,10 +32,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dflash2.eval.engine_peers import ENGINE_PEER_NAMES
-
 RUNNER = Path(__file__).with_name("reference_runner.py")
-PEER_NAMES = ("hf", "pld", "dflash") + ENGINE_PEER_NAMES
+PEER_NAMES = ("hf", "pld", "dflash")   # the peers run here; `engine_peers` adds the engines
 
 
 def summarize(rows: list[dict], reference: list[list[int]] | None, baseline_tpot_ms: float | None = None) -> dict:

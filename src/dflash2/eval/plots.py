@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-# SPEC §5: published DFlash2 acceptance lengths (Qwen3.8-27B target, SGLang on one H200, T=1).
+# docs/spec.md §5: published DFlash2 acceptance lengths (Qwen3.8-27B target, SGLang on one H200, T=1).
 PUBLISHED_DFLASH2 = {"gsm8k": 5.46, "math500": 5.28, "humaneval": 4.39, "mbpp": 4.79, "mt-bench": 4.10}
 PEER_LABELS = {"dflash_reference": "PyPI dflash 0.1.0 (reference)", "hf_prompt_lookup": "HF prompt lookup",
                "hf_generate": "HF generate (AR)"}

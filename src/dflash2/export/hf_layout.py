@@ -1,7 +1,7 @@
-"""The published safetensors layout: `config.json` + `model.safetensors` (SPEC §2.2 names).
+"""The published safetensors layout: `config.json` + `model.safetensors` (docs/spec.md §2.2 names).
 
 Contract: `write_checkpoint(model, config_dict, directory, dtype)` writes the draft's own tensors,
-exactly the names and shapes of SPEC §2.2 (no `model.` prefix, no embedding table, no LM head),
+exactly the names and shapes of docs/spec.md §2.2 (no `model.` prefix, no embedding table, no LM head),
 cast to `dtype`, with safetensors metadata `{"format": "pt"}`, and the given config. It writes into
 `directory` as it is (the caller makes that a temporary directory swapped in atomically) and
 returns the files written.

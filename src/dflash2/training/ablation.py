@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dflash2.argparsing import OneLineParser
 from dflash2.eval import bench
-from dflash2.eval.benchkit import build_pipeline, fmt, git_commit, machine_info, machine_line, markdown_table, parse_list
+from dflash2.eval.benchkit import ModelSettings, build_pipeline, fmt, git_commit, machine_info, machine_line, markdown_table, parse_list
 from dflash2.eval.benchkit import check_output, load_conversations, write_json, write_text
 from dflash2.errors import require
 from dflash2.fileio import atomic_write
@@ -35,7 +35,7 @@ ARMS = {  # name -> (use_selector, use_conv)
     "v1+convs": (False, True),
     "dflash2": (True, True),
 }
-TEMPERATURES = {"t0": ["--temperature", "0"], "t1": ["--temperature", "1", "--top-p", "0.95", "--top-k", "20"]}
+TEMPERATURES = {"t0": {"temperature": 0.0}, "t1": {"temperature": 1.0, "top_p": 0.95, "top_k": 20}}
 
 
 def train_arm(config_path: str, overrides: list[str], arm: str, out: Path) -> dict:
@@ -67,12 +67,12 @@ def bench_arm(arm_dir: Path, temperature: str, args) -> dict:
     if (out / "results.json").is_file():
         return json.loads((out / "results.json").read_text())
     prompts = args.t1_num_prompts if temperature == "t1" and args.t1_num_prompts else args.num_prompts
-    argv = ["--target", args.target, "--draft", str(arm_dir / "final"), "--datasets", args.datasets,
-            "--num-prompts", str(prompts), "--max-new-tokens", str(args.max_new_tokens),
-            "--concurrency", str(args.concurrency), "--no-baseline", "--speculate", "always", "--output", str(out), "--seed", "0",
-            *TEMPERATURES[temperature]]
-    bench_args = bench.parse_args(argv)
-    return bench.run_bench(build_pipeline(bench_args), bench_args)
+    model = ModelSettings(target=args.target, draft=str(arm_dir / "final"), speculate="always", seed=0)
+    settings = bench.BenchSettings(model, tuple(parse_list(args.datasets, "--datasets")), num_prompts=prompts,
+                                   max_new_tokens=args.max_new_tokens, baseline=False,
+                                   concurrency=(int(args.concurrency),), output=str(out),
+                                   **TEMPERATURES[temperature]).validate()
+    return bench.run_bench(build_pipeline(model), settings)
 
 
 def curve(metrics_path: Path) -> list[tuple[int, float]]:

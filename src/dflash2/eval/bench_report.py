@@ -1,0 +1,71 @@
+"""The Markdown report of a `dflash2 bench` run (results.md), rendered from its results.json dict.
+
+Contract: `render_markdown(results)` -> the settings, the per-dataset table at the first
+concurrency (tau, autoregressive and speculative tok/s, speedup, TPOT, mismatches), per-position
+acceptance and the tau histogram, the concurrency sweep when there is one, the peers table and
+notes (`render_peers`), and the plots. A pure function of `results`: a saved results.json
+renders the same report again.
+"""
+from __future__ import annotations
+
+from dflash2.eval.benchkit import markdown_table
+
+
+def render_markdown(results: dict) -> str:
+    s = results["settings"]
+    c0 = s["concurrency"][0]
+    lines = [f"# dflash2 bench: {s['target']}\n",
+             f"- draft: {s['draft']}{'' if s['trained_draft'] else ' (untrained: expect tau near 1)'}",
+             f"- {len(s['datasets'])} datasets, {s['num_prompts']} prompts each, max {s['max_new_tokens']} new tokens, "
+             f"T={s['temperature']}, top-p {s['top_p']}, top-k {s['top_k']}, block {s['block_size']}, "
+             f"{s['device']} {s['dtype']}, seed {s['seed']}",
+             f"- machine: {results['machine']}; commit {results['commit']}",
+             "- acceptance length (tau) = committed tokens / verification passes (bonus counted); the overall row pools "
+             "every cycle of every dataset (total tokens / total cycles), it is not a mean of means; speedup = "
+             "autoregressive / speculative time per output token of this same engine, same prompts and batch size\n",
+             f"## dflash2 at concurrency {c0}\n"]
+    rows = [[name, d["acceptance_length"], d["baseline_tokens_per_second"], d["tokens_per_second"], d["speedup"],
+             d["time_per_output_token_ms"], d["mismatches"], d["sequences"]]
+            for name, d in list(results["datasets"].items()) + [("**overall**", results["overall"])]]
+    lines.append(markdown_table(["dataset", "tau", "AR tok/s", "spec tok/s", "speedup", "TPOT ms", "mismatches",
+                                 "sequences"], rows))
+    lines.append(f"Mean of the per-dataset tau (as in the published tables): {results['overall']['mean_over_datasets']:.2f}\n")
+    block = s["block_size"]
+    lines.append("## Per-position acceptance (drafts 1..k all accepted) and tau histogram\n")
+    rows = [[name] + d["position_acceptance"] for name, d in
+            list(results["datasets"].items()) + [("overall", results["overall"])]]
+    lines.append(markdown_table(["dataset"] + [f"k={k}" for k in range(1, block)], rows))
+    rows = [[name] + [d["histogram"][tau] for tau in range(1, block + 1)] for name, d in
+            list(results["datasets"].items()) + [("overall", results["overall"])]]
+    lines.append(markdown_table(["dataset"] + [f"tau={t}" for t in range(1, block + 1)], rows))
+    if len(s["concurrency"]) > 1:
+        lines.append("## Concurrency (overall)\n")
+        rows = [[c, d["acceptance_length"], d["baseline_tokens_per_second"], d["tokens_per_second"], d["speedup"],
+                 d["mismatches"]] for c, d in results["overall"]["by_concurrency"].items()]
+        lines.append(markdown_table(["batch", "tau", "AR tok/s", "spec tok/s", "speedup", "mismatches"], rows))
+    if results["peers"]:
+        lines.append(render_peers(results))
+    lines.append("## Plots\n")
+    lines += [f"![{p}]({p})" for p in results["plots"]]
+    return "\n".join(lines) + "\n"
+
+
+def render_peers(results: dict) -> str:
+    lines = ["## Peers (batch 1, same prompts)\n"]
+    rows = []
+    for name, d in list(results["datasets"].items()) + [("overall", results["overall"])]:
+        by1 = d["by_concurrency"].get("1", d)
+        rows.append(["dflash2 (this engine)", name, by1["acceptance_length"], by1["tokens_per_second"],
+                     by1["speedup"], by1["mismatches"]])
+    for key, report in results["peers"].items():
+        if report["status"] != "ok":
+            continue
+        for name, d in list(report["datasets"].items()) + [("overall", report["overall"])]:
+            rows.append([key, name, d.get("acceptance_length"), d.get("tokens_per_second"), d.get("speedup"),
+                         d.get("mismatches")])
+    lines.append(markdown_table(["decoder", "dataset", "tau", "tok/s", "speedup", "mismatches vs dflash2 AR"], rows))
+    for key, report in results["peers"].items():
+        status = report["status"] + (f": {report['reason']}" if report.get("reason") else "")
+        lines.append(f"- **{key}** ({report['description']}): {status}")
+        lines += [f"  - {note}" for note in report.get("notes", [])]
+    return "\n".join(lines) + "\n"
