@@ -269,7 +269,6 @@ CASES = {
 }
 # Known gaps of commands other engineers are building (see the report); each flips to a pass when fixed.
 GAPS = {
-    "export draft-trunc --to dflash2 --out new": "export: safetensors opened by stored_dtype() before the checks",
 }
 PARAMS = [pytest.param(command, case, id=f"{command}: {case!r}",
                        marks=([pytest.mark.xfail(reason=GAPS[repr(case)], strict=False)] if repr(case) in GAPS else [])

@@ -324,7 +324,9 @@ def test_nothing_a_user_made_is_overwritten(tmp_path, target, capsys):
     code = main(["export", str(src), "--to", "dflash2", "--out", str(tmp_path), "--force"])
     assert code == 2 and "holds the draft" in capsys.readouterr().err
     assert main(["export", str(src), "--to", "dflash2", "--out", str(out), "--force"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    # --force replaces the export's own files only: the user's file stays
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "mine.txt", "model.safetensors"]
+    assert (out / "mine.txt").read_text() == "keep me"
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert leftovers == []  # the atomic swap left no temporary directory behind
 

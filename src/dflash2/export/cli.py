@@ -7,11 +7,10 @@ parser raises instead of printing its usage), checked before anything slow loads
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from dflash2.errors import DFlash2Error
+from dflash2.argparsing import OneLineParser
 from dflash2.export.exporter import export_draft
 from dflash2.export.settings import DTYPES, FORMS, ExportResult, ExportSettings
 
@@ -26,18 +25,14 @@ SERVE_HINTS = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, no usage block
-        raise DFlash2Error(message)
-
-
 def parse_settings(argv: list[str]) -> ExportSettings:
-    p = _Parser(prog="dflash2 export", description="Export a draft for vLLM, SGLang, MLX dflash or llama.cpp.")
+    p = OneLineParser(prog="dflash2 export", description="Export a draft for vLLM, SGLang, MLX dflash or llama.cpp.")
     p.add_argument("draft", help="draft checkpoint directory (config.json + model.safetensors)")
     p.add_argument("--to", required=True, choices=FORMS, help="dflash2 (published layout), dflash-v1 (no convs, no "
                    "selector: vLLM CPU), gguf (llama.cpp)")
     p.add_argument("--out", required=True, help="directory to create (refused if it exists and is not empty)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out, replacing only the export's "
+                   "own files (config.json, model.safetensors, draft.gguf)")
     p.add_argument("--target", default="smollm2", help="the draft's target: built-in name, local HF dir (dflash-v1 "
                    "measurement) or the target's .gguf (gguf tokenizer); default smollm2")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights of the export (GGUF: its matrices); "

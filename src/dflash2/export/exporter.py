@@ -8,8 +8,9 @@ Contract: `export_draft(settings, pipeline=None)`
    a missing part neutrally, `dflash-v1` strips both parts, `gguf` completes DFlash2 drafts and
    keeps v1 drafts as they are;
 3. writes the form into a temporary directory beside `settings.out` and swaps it in only when
-   complete (`fileio.atomic_directory`): nothing half-written, nothing a user made replaced
-   without `force`;
+   complete (`fileio.atomic_directory`): nothing half-written. Into an existing, non-empty `out`
+   (only with `force`) it replaces just the files an export writes (`OWN_FILES`); everything else
+   there stays;
 4. for `dflash-v1` of a DFlash2 draft, or a reduced-vocabulary draft exported with
    `full_vocabulary` (engines score the whole vocabulary; without that flag such a draft is
    refused in step 1), with `measure_prompts > 0`, measures the acceptance cost on the target
@@ -20,10 +21,11 @@ Returns an `ExportResult`.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
-from safetensors import safe_open
 
 from dflash2.errors import require
 from dflash2.export import acceptance_cost, gguf_vocab, neutral
@@ -31,11 +33,12 @@ from dflash2.export.engine_config import engine_config
 from dflash2.export.gguf_format import write_gguf
 from dflash2.export.hf_layout import write_checkpoint
 from dflash2.export.settings import GGUF_FILE, ExportResult, ExportSettings
-from dflash2.fileio import atomic_directory
+from dflash2.fileio import atomic_directory, remove_own
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel, read_config
 from dflash2.pipeline import Pipeline, load_decoder
 from dflash2.targets.builtin import BUILTIN_TARGETS
+from dflash2.weights import safetensors_header
 
 
 def _check_target_for_measurement(target: str) -> None:
@@ -45,24 +48,43 @@ def _check_target_for_measurement(target: str) -> None:
 
 
 STORED_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+OWN_FILES = ("config.json", "model.safetensors", GGUF_FILE)   # what any export form writes
+
+
+def weight_files(draft: Path) -> list[Path]:
+    """The draft's safetensors files, each checked (empty, truncated, not safetensors: one line)."""
+    files = sorted(draft.glob("*.safetensors"))
+    require(bool(files), f"draft checkpoint '{draft}' has no model.safetensors")
+    for file in files:
+        safetensors_header(file, f"draft checkpoint '{draft}'")
+    return files
 
 
 def stored_dtype(draft: Path) -> str:
     """The one dtype the checkpoint's tensors are stored in (float32 when mixed or unknown)."""
     kinds = set()
-    for file in sorted(draft.glob("*.safetensors")):
-        with safe_open(str(file), "pt") as handle:
-            kinds |= {str(handle.get_slice(name).get_dtype()) for name in handle.keys()} & set(STORED_DTYPES)
+    for file in weight_files(draft):
+        kinds |= {dtype for dtype, _ in safetensors_header(file, str(draft)).values()} & set(STORED_DTYPES)
     return STORED_DTYPES.get(kinds.pop(), "float32") if len(kinds) == 1 else "float32"
 
 
-def _publishable(directory: Path) -> None:
-    """Give the temporary directory and its files the modes of ordinary new ones (mkdtemp makes 0700)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    directory.chmod(0o777 & ~mask)
-    for item in directory.iterdir():
-        item.chmod(0o666 & ~mask)
+@contextmanager
+def _output_directory(out: Path) -> Iterator[Path]:
+    """A fresh temporary directory that becomes `out` when complete. An existing, non-empty `out`
+    (--force) keeps everything but the export's own files, which are replaced."""
+    if not out.is_dir() or not any(out.iterdir()):
+        with atomic_directory(out) as tmp:
+            yield tmp
+        return
+    staging = out.parent / f".{out.name}.export.tmp"
+    with atomic_directory(staging) as tmp:
+        yield tmp
+    try:
+        remove_own(out, OWN_FILES)
+        for item in staging.iterdir():
+            os.replace(item, out / item.name)
+    finally:
+        remove_own(out.parent, [staging.name])
 
 
 def _measures(settings: ExportSettings, config: DFlash2Config) -> bool:
@@ -74,6 +96,7 @@ def check(settings: ExportSettings) -> DFlash2Config:
     """Step 1: every check that needs no weights; returns the draft's config."""
     settings.validate()
     config = read_config(settings.draft)
+    weight_files(settings.draft)
     require(config.draft_vocab_size is None or settings.full_vocabulary,
             f"draft '{settings.draft}' proposes from a reduced vocabulary of {config.draft_vocab_size} tokens (d2t / t2d); "
             f"the engines' DFlash loaders score all {config.vocab_size}: pass --full-vocabulary to export it without "
@@ -107,7 +130,7 @@ def export_draft(settings: ExportSettings, pipeline: Pipeline | None = None) -> 
     model = DFlash2DraftModel.from_pretrained(settings.draft, dtype=torch.float32)
     change = engine_form(model, settings.form)
     exported = change.model
-    with atomic_directory(settings.out) as tmp:
+    with _output_directory(settings.out) as tmp:
         if settings.form == "gguf":
             with gguf_vocab.target_gguf(settings.target) as path:
                 vocab = gguf_vocab.read_vocab(path)
@@ -119,7 +142,6 @@ def export_draft(settings: ExportSettings, pipeline: Pipeline | None = None) -> 
         else:
             files = write_checkpoint(exported, engine_config(exported.config, dtype), tmp, dtype)
             count, names = len(exported.state_dict()), [f.name for f in files]
-        _publishable(tmp)
     result = ExportResult(settings.form, settings.out, [settings.out / n for n in names],
                           exported.config.architecture, count, dtype, change.completed, change.dropped)
     if settings.form == "dflash-v1" and not config.is_dflash2:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash2.errors import require
+from dflash2.fileio import refuse_existing_output
 
 FORMS = ("dflash2", "dflash-v1", "gguf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: the dtype the checkpoint stores
@@ -26,7 +27,7 @@ class ExportSettings:
     draft: Path                    # source checkpoint directory (config.json + *.safetensors)
     form: str                      # one of FORMS
     out: Path                      # directory to create
-    force: bool = False            # replace a non-empty `out`
+    force: bool = False            # write into a non-empty `out`, replacing only the export's own files
     target: str = "smollm2"        # the draft's target: acceptance (dflash-v1) and tokenizer (gguf)
     dtype: str = "auto"            # weights in the export (GGUF: its matrices; vectors stay F32)
     measure_prompts: int = 4       # dflash-v1: prompts for the acceptance measurement (0: skip)
@@ -45,9 +46,7 @@ class ExportSettings:
         out, draft = self.out.resolve(), self.draft.resolve()
         require(out != draft and out not in draft.parents,
                 f"--out '{self.out}' holds the draft being exported; choose another directory")
-        require(not out.exists() or out.is_dir(), f"--out '{self.out}' exists and is not a directory")
-        if out.is_dir() and any(out.iterdir()):
-            require(self.force, f"--out '{self.out}' exists and is not empty; pass --force to replace it")
+        refuse_existing_output(self.out, self.force, "--out", "--force", "the export's own files")
 
 
 @dataclass(frozen=True)

@@ -20,18 +20,14 @@ import signal
 import socket
 import sys
 
+from dflash2.argparsing import OneLineParser
 from dflash2.errors import DFlash2Error
 from dflash2.serve.settings import API_KEY_ENV, RequestDefaults, ServeSettings
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, no usage block
-        raise DFlash2Error(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
     d, r = ServeSettings(), RequestDefaults()
-    p = _Parser(prog="dflash2 serve", description="OpenAI-compatible server with continuous batching over the "
+    p = OneLineParser(prog="dflash2 serve", description="OpenAI-compatible server with continuous batching over the "
                                                  "DFlash2 speculative decoder (lossless: greedy answers are the "
                                                  "target's own).")
     p.add_argument("--target", default=d.target, help="built-in name (smollm2, gemma3), local HF dir or hub id")

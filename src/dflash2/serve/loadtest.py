@@ -29,15 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from dflash2.argparsing import OneLineParser
 from dflash2.errors import DFlash2Error, require
 from dflash2.serve.settings import API_KEY_ENV, LOOPBACK_HOSTS
 
 MODES = ("speculative", "plain")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, no usage block
-        raise DFlash2Error(message)
 
 
 @dataclass(frozen=True)
@@ -82,7 +78,7 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 
 def parse_settings(argv: list[str]) -> LoadSettings:
-    p = _Parser(prog="dflash2 loadtest", description="Bounded load test of dflash2 serve on loopback.")
+    p = OneLineParser(prog="dflash2 loadtest", description="Bounded load test of dflash2 serve on loopback.")
     p.add_argument("--target", default="smollm2")
     p.add_argument("--draft")
     p.add_argument("--device", default="cpu")

@@ -31,7 +31,6 @@ Contract:
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.metadata
 import importlib.util
@@ -45,6 +44,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash2.argparsing import OneLineParser
 from dflash2.errors import DFlash2Error, require
 from dflash2.training import gpu_parts
 from dflash2.training.gpu_parts import MiB, RETURN_LIMIT
@@ -462,11 +462,6 @@ def _check(settings: JobSettings) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise DFlash2Error(f"{self.prog}: {message}")
-
-
 def _settings(args) -> JobSettings:
     started = os.environ.get("DFLASH2_GPU_T0")
     return JobSettings(out_dir=Path(args.out_dir), minutes=args.minutes, config=args.config,
@@ -476,8 +471,8 @@ def _settings(args) -> JobSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python -m dflash2.training.gpu_job", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog="python -m dflash2.training.gpu_job", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for command in ("train", "smoke", "check"):
         p = sub.add_parser(command)
         if command != "check":

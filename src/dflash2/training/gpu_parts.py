@@ -29,7 +29,6 @@ Contract:
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -44,6 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash2.argparsing import OneLineParser
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import atomic_directory, atomic_write
 
@@ -392,11 +392,6 @@ def ensure_wheels(wheels_dir: Path, packages: dict[str, str]) -> list[Path]:
 
 
 # ----------------------------------------------------------------------------- command line
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise DFlash2Error(f"{self.prog}: {message}")
-
-
 def _split_target(args) -> int:
     from importlib.metadata import version
 
@@ -453,8 +448,8 @@ def _collect(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python -m dflash2.training.gpu_parts", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog="python -m dflash2.training.gpu_parts", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     split = sub.add_parser("split-target", help="split a target's GGUF into parts for device calls; print the calls")
     split.add_argument("--target", default="smollm2", help="built-in target whose GGUF to split (and convert there)")
     split.add_argument("--gguf", help="split this GGUF instead of the built-in's")
