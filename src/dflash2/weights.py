@@ -5,6 +5,8 @@ Contract:
   {tensor name: (dtype, shape)}; an empty, truncated or foreign file raises a one-line
   `DFlash2Error` that names the file and says what is wrong with it (`what` says whose weights they
   are, e.g. "draft 'my-draft'"), before anything loads it.
+- `weight_files(draft)`: a checkpoint directory's safetensors files, each header-checked (none,
+  empty, truncated: one line); `stored_dtype(draft)`: the one dtype they store (float32 if mixed).
 - `require_finite(name, tensor, what)` refuses a floating tensor holding NaN or infinite values,
   naming the tensor.
 """
@@ -57,3 +59,23 @@ def require_finite(name: str, tensor: torch.Tensor, what: str) -> None:
         bad = "NaN" if bool(torch.isnan(tensor).any()) else "infinite"
         raise DFlash2Error(f"{what}: tensor '{name}' holds {bad} values; the checkpoint is damaged "
                            "(a diverged training run?); use an earlier checkpoint or retrain")
+
+
+STORED_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def weight_files(draft: Path) -> list[Path]:
+    """The draft's safetensors files, each checked (empty, truncated, not safetensors: one line)."""
+    files = sorted(draft.glob("*.safetensors"))
+    require(bool(files), f"draft checkpoint '{draft}' has no model.safetensors")
+    for file in files:
+        safetensors_header(file, f"draft checkpoint '{draft}'")
+    return files
+
+
+def stored_dtype(draft: Path) -> str:
+    """The one dtype the checkpoint's tensors are stored in (float32 when mixed or unknown)."""
+    kinds = set()
+    for file in weight_files(draft):
+        kinds |= {dtype for dtype, _ in safetensors_header(file, str(draft)).values()} & set(STORED_DTYPES)
+    return STORED_DTYPES.get(kinds.pop(), "float32") if len(kinds) == 1 else "float32"

@@ -38,7 +38,7 @@ from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel, read_config
 from dflash2.pipeline import Pipeline, load_decoder
 from dflash2.targets.builtin import BUILTIN_TARGETS
-from dflash2.weights import safetensors_header
+from dflash2.weights import stored_dtype, weight_files
 
 
 def _check_target_for_measurement(target: str) -> None:
@@ -47,25 +47,7 @@ def _check_target_for_measurement(target: str) -> None:
             "directory or a hub id, or --measure-prompts 0 to skip the measurement")
 
 
-STORED_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 OWN_FILES = ("config.json", "model.safetensors", GGUF_FILE)   # what any export form writes
-
-
-def weight_files(draft: Path) -> list[Path]:
-    """The draft's safetensors files, each checked (empty, truncated, not safetensors: one line)."""
-    files = sorted(draft.glob("*.safetensors"))
-    require(bool(files), f"draft checkpoint '{draft}' has no model.safetensors")
-    for file in files:
-        safetensors_header(file, f"draft checkpoint '{draft}'")
-    return files
-
-
-def stored_dtype(draft: Path) -> str:
-    """The one dtype the checkpoint's tensors are stored in (float32 when mixed or unknown)."""
-    kinds = set()
-    for file in weight_files(draft):
-        kinds |= {dtype for dtype, _ in safetensors_header(file, str(draft)).values()} & set(STORED_DTYPES)
-    return STORED_DTYPES.get(kinds.pop(), "float32") if len(kinds) == 1 else "float32"
 
 
 @contextmanager
