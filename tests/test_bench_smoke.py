@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import matplotlib.image as mpimg
+import pytest
 
 from dflash2.cli import main as cli_main
 
@@ -106,6 +107,26 @@ def test_bench_auto_mode_is_lossless_and_reports_its_choices(tmp_path):
         assert entry["mismatches"] == 0, c
         assert {"drafts_verified_per_cycle", "draft_lengths", "plain_steps", "fallback_seconds"} <= set(entry)
         assert entry["plain_steps"] + entry["cycles"] > 0
+
+
+def test_bench_repeats_pair_every_batch_and_report_the_median_ratio(tmp_path):
+    """--repeats 3 decodes the prompt list three times, both decoders in turn per batch: every
+    repeat is checked for equality, and speedup_median is the median of the 3 x batches paired ratios."""
+    out = tmp_path / "repeats"
+    assert cli_main(["bench", "--tiny", "--speculate", "always", "--datasets", "gsm8k", "--num-prompts", "4",
+                     "--max-new-tokens", "12", "--concurrency", "2", "--repeats", "3", "--output", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    entry = results["overall"]["by_concurrency"]["2"]
+    assert entry["compared"] == 12 and entry["mismatches"] == 0 and entry["sequences"] == 12
+    saved = json.loads(next((out / "parts").glob("dataset-*.json")).read_text())["payload"]
+    ar, spec = saved["runs"]["2"]["ar"][0], saved["runs"]["2"]["spec"][0]
+    assert len(ar["batch_seconds"]) == len(spec["batch_seconds"]) == 6
+    ratios = sorted(((a - ta["prefill_seconds"]) / na) / ((s - ts["prefill_seconds"]) / ns)
+                    for a, s, ta, ts, na, ns in zip(ar["batch_seconds"], spec["batch_seconds"], ar["batches"],
+                                                    spec["batches"], ar["batch_tokens"], spec["batch_tokens"]))
+    assert entry["speedup_median"] == pytest.approx((ratios[2] + ratios[3]) / 2)
+    assert "median pair speedup" in (out / "results.md").read_text()
+    assert cli_main(["bench", "--tiny", "--repeats", "0", "--output", str(tmp_path / "bad")]) == 2
 
 
 def test_analyze_smoke(tmp_path):

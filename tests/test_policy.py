@@ -2,6 +2,9 @@
 speculation policy's choices (pure Python: no model runs)."""
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 
 from dflash2.decoding.costs import CostModel
@@ -38,30 +41,107 @@ def test_cost_model_interpolates_and_extrapolates_by_tokens():
     assert costs.draft(1) == pytest.approx(0.010) and costs.draft(4) == pytest.approx(0.010)
 
 
-def _policy(draft_s: float) -> SpeculationPolicy:
+def test_cost_model_follows_the_token_curve_at_the_level_of_the_batch():
+    costs = CostModel()
+    for q, s in ((1, 0.060), (8, 0.080), (32, 0.170), (128, 0.400)):   # start-up: one row, q tokens
+        costs.observe_verify(1, q, s)
+    slope = (0.400 - 0.170) / 96
+    assert costs.verify(2, 256) == pytest.approx(0.400 + slope * 384)     # past the curve: its last slope
+    assert costs.verify(4, 4) == pytest.approx(0.080 + (0.170 - 0.080) * 8 / 24)  # n = 16 on the curve
+    costs.observe_verify(32, 1, 0.200)                 # batch 32 runs slower than one row of 32 tokens
+    at_32 = (0.170 + 0.200) / 2                         # passes of equal tokens are averaged on the curve
+    at_64 = at_32 + (0.400 - at_32) / 96 * 32
+    assert costs.verify(32, 2) == pytest.approx(0.200 * at_64 / at_32)   # the curve's shape, batch 32's level
+    assert costs.verify(32, 2) > costs.verify(32, 1)
+
+
+def _costs(draft_s: float) -> CostModel:
     costs = CostModel()
     for q, s in ((1, 0.060), (8, 0.080)):
         costs.observe_verify(1, q, s)
     costs.observe_draft(1, draft_s)
-    return SpeculationPolicy("auto", costs)
+    return costs
 
 
-def test_confident_drafts_verify_the_whole_block_and_weak_ones_fall_back():
-    policy = _policy(0.010)
+def test_confident_drafts_verify_the_whole_block():
+    policy = SpeculationPolicy("auto", _costs(0.010))
     policy.probing = False
     assert policy.plan(1).draft
     assert policy.choose_length(1, [[0.99] * 7], [True], block=8) == 7
-    weak = _policy(0.045)
-    weak.probing = False
-    lengths = [weak.choose_length(1, [[0.02] * 7], [True], block=8) for _ in range(weak.patience)]
-    assert max(lengths) <= 1   # once drafted (a sunk cost), one more verified token is nearly free
-    plans = [weak.plan(1) for _ in range(weak.min_backoff)]
-    assert not any(p.draft for p in plans)                      # fallback: plain steps, no draft pass
-    probe = weak.plan(1)
-    assert probe.draft and probe.probe                          # then one probe with the whole block
-    assert weak.choose_length(1, [[0.02] * 7], [True], block=8, probe=True) == 7
-    weak.observe(1, 8, [[0.02] * 7], [True], [7], [0], 0.045, 0.080, 0.001, probe=True)
-    assert weak.plain_left == 2 * weak.min_backoff              # the probe did not pay: a longer fallback
+    assert policy.plain_left == 0
+
+
+def test_a_draft_that_cannot_pay_falls_back_at_once_for_a_budgeted_time():
+    policy = SpeculationPolicy("auto", _costs(0.045), budget=0.02)
+    policy.probing = False
+    for _ in range(200):   # learned: this draft is never accepted
+        policy.acceptance.observe([0.5], True, verified=1, accepted=0)
+    assert policy.choose_length(1, [[0.5] * 7], [True], block=8) == 0
+    # the draft pass (45 ms) lost is at most 2 % of the fallback's plain steps (60 ms each)
+    assert policy.plain_left == math.ceil(0.045 / (0.02 * 0.060))
+    plans = [policy.plan(1) for _ in range(policy.plain_left)]
+    assert not any(p.draft for p in plans[:-1]) and not plans[-1].draft
+    probe = policy.plan(1)
+    assert probe.draft and probe.probe                          # then a probe
+    assert policy.backoff == 2 * len(plans)                     # and the next fallback is twice as long
+
+
+def test_a_probe_is_optimistic_and_judged_by_what_it_measured():
+    policy = SpeculationPolicy("auto", _costs(0.030))
+    assert policy.plan(1).probe                                  # the first cycle probes
+    mean = SpeculationPolicy("auto", _costs(0.030))
+    mean.probing = False
+    probe_k = policy.choose_length(1, [[0.35] * 7], [True], block=8, probe=True)
+    assert probe_k > mean.choose_length(1, [[0.35] * 7], [True], block=8)
+    policy.observe(1, probe_k + 1, [[0.35] * 7], [True], [probe_k], [0], 0.030, 0.080, 0.0, probe=True)
+    assert policy.plain_left > 0 and not policy.plan(1).draft    # rejected at once: fall back
+
+
+def _simulate(policy: SpeculationPolicy, b: int, accept: float, cycles: int, seed: int = 0):
+    """Decode `cycles` cycles of a batch of b rows against a synthetic machine (verify = 40 ms +
+    2 ms per token, draft pass 20 ms) whose drafts are accepted with probability `accept`, at
+    confidence 0.5; returns (seconds, tokens) of the run."""
+    rng = random.Random(seed)
+    seconds = tokens = 0.0
+    policy.costs.observe_verify(1, 1, 0.042)
+    policy.costs.observe_verify(1, 8, 0.056)
+    for _ in range(cycles):
+        plan = policy.plan(b)
+        if not plan.draft:
+            verify = 0.040 + 0.002 * b
+            policy.observe(b, 1, None, [True] * b, [0] * b, [0] * b, None, verify, 0.0)
+            seconds, tokens = seconds + verify, tokens + b
+            continue
+        policy.drafted(b, 0.020)
+        confidence = [[0.5] * 7 for _ in range(b)]
+        k = policy.choose_length(b, confidence, [True] * b, 8, plan.probe)
+        accepted = []
+        for _ in range(b):
+            n = 0
+            while n < k and rng.random() < accept:
+                n += 1
+            accepted.append(n)
+        verify = 0.040 + 0.002 * b * (k + 1)
+        policy.observe(b, k + 1, confidence, [True] * b, [k] * b, accepted, 0.020, verify, 0.0, plan.probe)
+        seconds, tokens = seconds + 0.020 + verify, tokens + sum(accepted) + b
+    return seconds, tokens
+
+
+@pytest.mark.parametrize("b", [1, 8, 32])
+def test_a_draft_that_is_never_accepted_costs_at_most_the_budget_after_its_first_probe(b):
+    policy = SpeculationPolicy("auto", budget=0.02)
+    seconds, tokens = _simulate(policy, b, accept=0.0, cycles=3000)
+    plain = tokens / b * (0.040 + 0.002 * b)
+    first_probe = 0.020 + 0.002 * b * 7                          # the most the first probe can lose
+    assert seconds <= plain * 1.02 + first_probe
+
+
+@pytest.mark.parametrize("b", [1, 8])
+def test_a_draft_that_pays_keeps_speculating(b):
+    policy = SpeculationPolicy("auto")
+    seconds, tokens = _simulate(policy, b, accept=0.9, cycles=300)
+    plain = tokens / b * (0.040 + 0.002 * b)
+    assert seconds < 0.6 * plain                                 # most cycles speculated, with long blocks
 
 
 def test_modes_always_and_never():

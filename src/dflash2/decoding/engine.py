@@ -253,6 +253,7 @@ class DecodeSession:
             proposal = self.proposer.propose(self.anchors, start, self.block, self.sampling.temperature,
                                              self.sampling.seed)
             draft_seconds = sum(self.watch.totals[p] for p in DRAFT_PHASES) - before
+            self.policy.drafted(b, draft_seconds)
             confidence = (proposal.confidence.tolist() if proposal.confidence is not None
                           else [[1.0] * proposal.tokens.shape[1]] * b)
             greedy = self.sampling.greedy.tolist()

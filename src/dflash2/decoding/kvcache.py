@@ -20,35 +20,34 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 
+def _buffer_view(name: str) -> property:
+    """The `keys` / `values` attribute of a `SlotLayer`: reads the filled part of its buffer [b, heads,
+    slots, d]; an assignment rebuilds the buffer with spare room (each buffer keeps its own fill, so
+    assigning one never moves the other)."""
+    def read(layer: "SlotLayer") -> torch.Tensor | None:
+        buffer = layer._buffers[name]
+        return None if buffer is None else buffer[:, :, :layer._filled[name]]
+
+    def write(layer: "SlotLayer", tensor: torch.Tensor | None) -> None:
+        layer._buffers[name] = None if tensor is None else _with_room(tensor)
+        layer._filled[name] = 0 if tensor is None else tensor.shape[-2]
+
+    return property(read, write)
+
+
 class SlotLayer(DynamicLayer):
+    keys = _buffer_view("keys")
+    values = _buffer_view("values")
+
     def __init__(self) -> None:
-        self._keys: torch.Tensor | None = None     # [b, heads, capacity, d]
-        self._values: torch.Tensor | None = None
-        self._filled = {"keys": 0, "values": 0}  # each buffer's own fill: assigning one never moves the other
+        self._buffers: dict[str, torch.Tensor | None] = {"keys": None, "values": None}  # [b, heads, capacity, d]
+        self._filled = {"keys": 0, "values": 0}
         super().__init__()
 
     # ------------------------------------------------------------------ storage
     @property
     def length(self) -> int:
         return self._filled["keys"]
-
-    @property
-    def keys(self) -> torch.Tensor | None:
-        return None if self._keys is None else self._keys[:, :, :self._filled["keys"]]
-
-    @keys.setter
-    def keys(self, tensor: torch.Tensor | None) -> None:
-        self._keys = None if tensor is None else _with_room(tensor)
-        self._filled["keys"] = 0 if tensor is None else tensor.shape[-2]
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        return None if self._values is None else self._values[:, :, :self._filled["values"]]
-
-    @values.setter
-    def values(self, tensor: torch.Tensor | None) -> None:
-        self._values = None if tensor is None else _with_room(tensor)
-        self._filled["values"] = 0 if tensor is None else tensor.shape[-2]
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -58,14 +57,16 @@ class SlotLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         q = key_states.shape[-2]
-        if self._keys is None:
+        keys, values = self._buffers["keys"], self._buffers["values"]
+        if keys is None:
             self.keys, self.values = key_states, value_states
             return self.keys, self.values
-        if self.length + q > self._keys.shape[-2]:  # full: move into buffers twice the size
-            self._keys, self._values = _with_room(self.keys, q), _with_room(self.values, q)
+        if self.length + q > keys.shape[-2]:  # full: move into buffers twice the size
+            keys, values = _with_room(self.keys, q), _with_room(self.values, q)
+            self._buffers = {"keys": keys, "values": values}
         end = self.length + q
-        self._keys[:, :, self.length:end] = key_states
-        self._values[:, :, self.length:end] = value_states
+        keys[:, :, self.length:end] = key_states
+        values[:, :, self.length:end] = value_states
         self._filled = {"keys": end, "values": end}
         return self.keys, self.values
 
@@ -78,11 +79,11 @@ class SlotLayer(DynamicLayer):
             self._filled = {"keys": end, "values": end}
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self._keys is not None:
-            self._keys, self._values = self._keys[indices], self._values[indices]
+        if self._buffers["keys"] is not None:
+            self._buffers = {name: buffer[indices] for name, buffer in self._buffers.items()}
 
     def reset(self) -> None:
-        self._keys = self._values = None
+        self._buffers = {"keys": None, "values": None}
         self._filled = {"keys": 0, "values": 0}
         self.is_initialized = False
 

@@ -32,6 +32,7 @@ Writes OUTPUT/results.json, results.md and the PNG plots of `dflash2.eval.plots`
 """
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -69,6 +70,8 @@ DEFINITIONS = {
     "drafts_verified_per_cycle": "draft tokens the target verified per speculative cycle (the adaptive length)",
     "plain_steps": "one-token target steps without a draft pass (fallback when drafting does not pay)",
     "fallback_seconds": "wall time of the batches' plain steps",
+    "speedup_median": "median over batch pairs (each batch decoded by both decoders in turn, --repeats times) of "
+                      "autoregressive / speculative time per output token of the pair: robust to a noisy host",
 }
 
 
@@ -80,12 +83,21 @@ class Side:
     stats: list[RowStats] = field(default_factory=list)
     batches: list[BatchTiming] = field(default_factory=list)
     seconds: float = 0.0
+    batch_seconds: list[float] = field(default_factory=list)   # wall seconds of each generate() call
+    batch_tokens: list[int] = field(default_factory=list)      # new tokens of each generate() call
 
     def add(self, results, seconds: float) -> None:
         self.outputs += [r.tokens for r in results]
         self.stats += [r.stats for r in results]
         self.batches.append(results[0].timing)  # every row of a generate() call carries its batch's timing
         self.seconds += seconds
+        self.batch_seconds.append(seconds)
+        self.batch_tokens.append(sum(r.stats.new_tokens for r in results))
+
+    def batch_tpots(self) -> list[float]:
+        """Each batch's (wall - prefill) seconds per new token."""
+        return [(seconds - timing.prefill_seconds) / max(tokens, 1)
+                for timing, seconds, tokens in zip(self.batches, self.batch_seconds, self.batch_tokens)]
 
     @property
     def prefill(self) -> float:
@@ -101,12 +113,14 @@ class Side:
 
     def to_dict(self) -> dict:
         return {"outputs": self.outputs, "stats": [st.to_dict() for st in self.stats],
-                "batches": [t.to_dict() for t in self.batches], "seconds": self.seconds}
+                "batches": [t.to_dict() for t in self.batches], "seconds": self.seconds,
+                "batch_seconds": self.batch_seconds, "batch_tokens": self.batch_tokens}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Side":
         return cls(data["outputs"], [RowStats.from_dict(st) for st in data["stats"]],
-                   [BatchTiming.from_dict(t) for t in data["batches"]], data["seconds"])
+                   [BatchTiming.from_dict(t) for t in data["batches"]], data["seconds"], data["batch_seconds"],
+                   data["batch_tokens"])
 
 
 @dataclass
@@ -161,6 +175,7 @@ class BenchSettings:
     baseline: bool = True            # False: no autoregressive runs (no speedup, no lossless check)
     resume: bool = False
     concurrency: tuple[int, ...] = (1,)
+    repeats: int = 1                 # each batch decoded this many times by each decoder, in turn
     output: str = "runs/bench"
     peers: frozenset[str] = frozenset()
     peers_python: str | None = None
@@ -171,6 +186,7 @@ class BenchSettings:
 
     def validate(self) -> "BenchSettings":
         require(self.num_prompts > 0, f"--num-prompts must be positive, got {self.num_prompts}")
+        require(self.repeats > 0, f"--repeats must be positive, got {self.repeats}")
         self.generation().validate()
         check_output(self.output)
         require(bool(self.concurrency) and all(c > 0 for c in self.concurrency),
@@ -199,6 +215,8 @@ def parse_args(argv) -> BenchSettings:
     p.add_argument("--resume", action="store_true", help="reuse the finished parts (datasets, peer groups) of an "
                    "interrupted run in --output with identical settings, weights and code")
     p.add_argument("--concurrency", default="1", help="comma list of batch sizes, e.g. 1,8,32")
+    p.add_argument("--repeats", type=int, default=1, help="decode every batch N times with each decoder, in turn "
+                   "(speedup_median: the median of the paired ratios, for noisy machines)")
     p.add_argument("--output", default="runs/bench", help="directory for results.json, results.md and plots")
     p.add_argument("--peers", nargs="?", const="all", default=None,
                    help="also run peers: all (default) or a comma list of hf, pld, dflash, vllm, vllm-dflash, "
@@ -215,17 +233,19 @@ def parse_args(argv) -> BenchSettings:
              set(PEER_NAMES) if args.peers == "all" else set(parse_list(args.peers, "--peers")))
     return BenchSettings(ModelSettings.from_args(args), tuple(datasets), tuple(args.dataset_file or ()),
                          args.num_prompts, args.max_new_tokens, args.temperature, args.top_p, args.top_k,
-                         not args.no_baseline, args.resume, tuple(int(c) for c in items), args.output,
+                         not args.no_baseline, args.resume, tuple(int(c) for c in items), args.repeats, args.output,
                          frozenset(peers), args.peers_python).validate()
 
 
 def run_pair(ar: SpeculativeDecoder | None, spec: SpeculativeDecoder, prompts, batch: int, config,
-             desc: str) -> tuple[Side, Side]:
-    """Decode `prompts` in batches with both decoders, batch by batch, so load drift hits both alike
-    -> (autoregressive side, speculative side); the first stays empty when `ar` is None (no baseline)."""
+             desc: str, repeats: int = 1) -> tuple[Side, Side]:
+    """Decode `prompts` in batches with both decoders, batch by batch, the decoders in turn, so load
+    drift hits both alike; the whole list `repeats` times (a side's first len(prompts) outputs are the
+    first pass, in prompt order) -> (autoregressive side, speculative side); the first stays empty
+    when `ar` is None (no baseline)."""
     ar_side, spec_side = Side(), Side()
-    for start in tqdm(range(0, len(prompts), batch), desc=desc, unit="batch", leave=False):
-        chunk = prompts[start:start + batch]
+    chunks = [prompts[start:start + batch] for _ in range(repeats) for start in range(0, len(prompts), batch)]
+    for chunk in tqdm(chunks, desc=desc, unit="batch", leave=False):
         for decoder, side in ((ar, ar_side), (spec, spec_side)):
             if decoder is None:
                 continue
@@ -282,12 +302,21 @@ def entry(pair: PairRuns, block: int, greedy: bool) -> dict:
                baseline_tokens_per_second=ar["tokens_per_second"],
                baseline_time_per_output_token_ms=ar["time_per_output_token_ms"],
                baseline_seconds=ar["seconds"],
-               mismatches=sum(a != s for a, s in pairs) if greedy else None, compared=len(pairs))
+               mismatches=sum(a != s for a, s in pairs) if greedy else None, compared=len(pairs),
+               speedup_median=median_pair_ratio(ar_sides, spec_sides))
     return out
 
 
+def median_pair_ratio(ar_sides: list[Side], spec_sides: list[Side]) -> float | None:
+    """The median over batch pairs of autoregressive / speculative time per output token (None
+    without a baseline)."""
+    ratios = [a / s for ar_side, spec_side in zip(ar_sides, spec_sides)
+              for a, s in zip(ar_side.batch_tpots(), spec_side.batch_tpots()) if s > 0]
+    return statistics.median(ratios) if ratios else None
+
+
 def bench_dataset(pipe: Pipeline, ar: SpeculativeDecoder | None, name: str, conversations, config,
-                  concurrency: tuple[int, ...]) -> DatasetRun:
+                  concurrency: tuple[int, ...], repeats: int = 1) -> DatasetRun:
     """Every turn of every conversation at every concurrency (turn k+1 follows the answer to turn k)."""
     runs = {c: PairRuns() for c in concurrency}
     histories: list[list[dict]] = [[] for _ in conversations]
@@ -299,16 +328,16 @@ def bench_dataset(pipe: Pipeline, ar: SpeculativeDecoder | None, name: str, conv
             histories[i].append({"role": "user", "content": conversations[i].turns[turn]})
             prompts.append(encode_messages(pipe.tokenizer, histories[i]))
         for c in concurrency:
-            ar_side, spec_side = run_pair(ar, pipe.decoder, prompts, c, config, f"{name} turn {turn + 1} c={c}")
+            ar_side, spec_side = run_pair(ar, pipe.decoder, prompts, c, config, f"{name} turn {turn + 1} c={c}", repeats)
             runs[c].ar.append(ar_side)
             runs[c].spec.append(spec_side)
         first = runs[concurrency[0]]
-        answers = (first.ar if ar is not None else first.spec)[-1].outputs
+        answers = (first.ar if ar is not None else first.spec)[-1].outputs[:len(prompts)]
         for i, answer in zip(active, answers):  # the next turn continues with the target's own answer
             histories[i].append({"role": "assistant", "content": pipe.tokenizer.decode(answer, skip_special_tokens=True)})
         all_prompts += prompts
         first_outputs += answers
-        first_cycles += [st.committed_per_cycle for st in first.spec[-1].stats]
+        first_cycles += [st.committed_per_cycle for st in first.spec[-1].stats[:len(prompts)]]
     return DatasetRun(runs, all_prompts, first_outputs, first_cycles)
 
 
@@ -369,12 +398,13 @@ def run_peers(pipe: Pipeline, settings: BenchSettings, config, prompts, ar_outpu
     return reports
 
 
-def dataset_run(store: PartStore, pipe: Pipeline, ar, name: str, convs, config, concurrency) -> DatasetRun:
+def dataset_run(store: PartStore, pipe: Pipeline, ar, name: str, convs, config, concurrency,
+                repeats: int = 1) -> DatasetRun:
     """`bench_dataset`, or its saved part when resuming."""
     part = store.load(f"dataset-{name}")
     if part is not None:
         return DatasetRun.from_dict(part)
-    run = bench_dataset(pipe, ar, name, convs, config, concurrency)
+    run = bench_dataset(pipe, ar, name, convs, config, concurrency, repeats)
     store.save(f"dataset-{name}", run.to_dict())
     return run
 
@@ -412,7 +442,7 @@ def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
                 "speculate": pipe.decoder.speculate,
                 "datasets": list(conversations), "num_prompts": bench.num_prompts,
                 "max_new_tokens": bench.max_new_tokens, "temperature": bench.temperature, "top_p": bench.top_p,
-                "top_k": bench.top_k, "concurrency": list(concurrency), "device": model.device, "dtype": model.dtype,
+                "top_k": bench.top_k, "concurrency": list(concurrency), "repeats": bench.repeats, "device": model.device, "dtype": model.dtype,
                 "seed": model.seed, "peers": sorted(bench.peers), "baseline": ar is not None,
                 "dataset_file": list(bench.dataset_files) or None, "machine": machine_identity()}
     weights = weights_digest(pipe.decoder.target.model, pipe.decoder.draft)
@@ -425,7 +455,7 @@ def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
 
     datasets, all_runs, peer_prompts, peer_refs, our_cycles = {}, {c: PairRuns() for c in concurrency}, {}, {}, {}
     for name, convs in conversations.items():
-        run = dataset_run(store, pipe, ar, name, convs, config, concurrency)
+        run = dataset_run(store, pipe, ar, name, convs, config, concurrency, bench.repeats)
         per_c = {}
         for c in concurrency:
             per_c[str(c)] = entry(run.runs[c], block, greedy)

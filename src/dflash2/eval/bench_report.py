@@ -1,8 +1,9 @@
 """The Markdown report of a `dflash2 bench` run (results.md), rendered from its results.json dict.
 
 Contract: `render_markdown(results)` -> the settings, the per-dataset table at the first
-concurrency (tau, autoregressive and speculative tok/s, speedup, TPOT, mismatches), per-position
-acceptance and the tau histogram, the concurrency sweep when there is one, the peers table and
+concurrency (tau, autoregressive and speculative tok/s, speedup pooled and as the median of batch
+pairs, TPOT, mismatches), per-position acceptance and the tau histogram, the concurrency sweep when
+there is one (with the drafts verified per cycle and the plain steps of fallback), the peers table and
 notes (`render_peers`), and the plots. A pure function of `results`: a saved results.json
 renders the same report again.
 """
@@ -25,10 +26,10 @@ def render_markdown(results: dict) -> str:
              "autoregressive / speculative time per output token of this same engine, same prompts and batch size\n",
              f"## dflash2 at concurrency {c0}\n"]
     rows = [[name, d["acceptance_length"], d["baseline_tokens_per_second"], d["tokens_per_second"], d["speedup"],
-             d["time_per_output_token_ms"], d["mismatches"], d["sequences"]]
+             d["speedup_median"], d["time_per_output_token_ms"], d["mismatches"], d["sequences"]]
             for name, d in list(results["datasets"].items()) + [("**overall**", results["overall"])]]
-    lines.append(markdown_table(["dataset", "tau", "AR tok/s", "spec tok/s", "speedup", "TPOT ms", "mismatches",
-                                 "sequences"], rows))
+    lines.append(markdown_table(["dataset", "tau", "AR tok/s", "spec tok/s", "speedup", "median pair speedup",
+                                 "TPOT ms", "mismatches", "sequences"], rows))
     lines.append(f"Mean of the per-dataset tau (as in the published tables): {results['overall']['mean_over_datasets']:.2f}\n")
     block = s["block_size"]
     lines.append("## Per-position acceptance (drafts 1..k all accepted) and tau histogram\n")
@@ -41,8 +42,10 @@ def render_markdown(results: dict) -> str:
     if len(s["concurrency"]) > 1:
         lines.append("## Concurrency (overall)\n")
         rows = [[c, d["acceptance_length"], d["baseline_tokens_per_second"], d["tokens_per_second"], d["speedup"],
-                 d["mismatches"]] for c, d in results["overall"]["by_concurrency"].items()]
-        lines.append(markdown_table(["batch", "tau", "AR tok/s", "spec tok/s", "speedup", "mismatches"], rows))
+                 d["speedup_median"], d["drafts_verified_per_cycle"], d["plain_steps"], d["mismatches"]]
+                for c, d in results["overall"]["by_concurrency"].items()]
+        lines.append(markdown_table(["batch", "tau", "AR tok/s", "spec tok/s", "speedup", "median pair speedup",
+                                     "verified / cycle", "plain steps", "mismatches"], rows))
     if results["peers"]:
         lines.append(render_peers(results))
     lines.append("## Plots\n")
