@@ -125,6 +125,10 @@ def test_bench_repeats_pair_every_batch_and_report_the_median_ratio(tmp_path):
                     for a, s, ta, ts, na, ns in zip(ar["batch_seconds"], spec["batch_seconds"], ar["batches"],
                                                     spec["batches"], ar["batch_tokens"], spec["batch_tokens"]))
     assert entry["speedup_median"] == pytest.approx((ratios[2] + ratios[3]) / 2)
+    cpu = sorted((ta["cycle_cpu_seconds"] / na) / (ts["cycle_cpu_seconds"] / ns)
+                 for ta, ts, na, ns in zip(ar["batches"], spec["batches"], ar["batch_tokens"], spec["batch_tokens"]))
+    assert all(t["cycle_cpu_seconds"] > 0 for t in ar["batches"] + spec["batches"])
+    assert entry["speedup_cpu_median"] == pytest.approx((cpu[2] + cpu[3]) / 2)
     assert "median pair speedup" in (out / "results.md").read_text()
     assert cli_main(["bench", "--tiny", "--repeats", "0", "--output", str(tmp_path / "bad")]) == 2
 

@@ -242,7 +242,7 @@ class DecodeSession:
 
     def _cycle(self) -> list[Event]:
         """Draft a block, verify it in one target pass, accept the longest correct prefix."""
-        b, clock = len(self.rows), time.perf_counter()
+        b, clock, cpu = len(self.rows), time.perf_counter(), time.process_time()
         start = self.target.next_position.clone()                  # each row's anchor position
         plan = self.policy.plan(b)
         drafts = self.anchors.new_zeros(b, 0)
@@ -287,6 +287,7 @@ class DecodeSession:
             self.timing.plain_seconds += seconds
         else:
             self.timing.speculative_cycles += 1
+        self.timing.cycle_cpu_seconds += time.process_time() - cpu
         with self.watch("host"):
             return self._commit(self.rows, commits, verified=verified)
 

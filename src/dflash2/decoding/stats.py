@@ -11,8 +11,9 @@ Contract:
   counted, at most the block size); `tokens_per_pass` = new tokens after the prefill's / all
   target passes (speculative cycles and plain steps).
 - `BatchTiming` holds the clock of one decoded batch: prefill, total wall time, per-phase time
-  (prefill, draft, selector, verify, accept), and the plain steps taken in fallback with their
-  time. A finished row carries the timing of its batch up to that moment.
+  (prefill, draft, selector, verify, accept), the plain steps taken in fallback with their
+  time, and the process CPU time of the cycles (every thread's, prefill excluded; on a shared host
+  it does not grow with the time the hypervisor steals, as wall time does). A finished row carries the timing of its batch up to that moment.
 - `Commit` is what one cycle adds to a row: its tokens, how many of them (the leading ones)
   were draft tokens accepted by the target (the rest is the target's own token), and how many
   drafts the cycle verified for the row (0: a plain step, counted in `RowStats.plain_steps`).
@@ -91,6 +92,7 @@ class BatchTiming:
     plain_steps: int = 0             # batch steps decoded without a draft pass (fallback / never)
     plain_seconds: float = 0.0       # their wall time
     speculative_cycles: int = 0
+    cycle_cpu_seconds: float = 0.0   # process CPU time of all cycles (prefill excluded): not stretched by a host's steal
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -46,9 +46,9 @@ from dflash2.eval import peers as peer_runs
 from dflash2.eval import plots
 from dflash2.eval.bench_report import render_markdown
 from dflash2.eval.parts import PartStore, run_fingerprint, weights_digest
-from dflash2.eval.benchkit import (ModelSettings, add_model_arguments, build_pipeline, check_output, fmt, git_commit,
-                                   load_conversations, machine_identity, machine_info, machine_line,
-                                   parse_list, write_json, write_text)
+from dflash2.eval.benchkit import (ModelSettings, add_model_arguments, build_pipeline, check_output, cpu_ticks, fmt,
+                                   git_commit, load_conversations, machine_identity, machine_info, machine_line,
+                                   parse_list, steal_share, write_json, write_text)
 from dflash2.targets.chat import encode_messages
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.stats import BatchTiming, RowStats
@@ -72,6 +72,9 @@ DEFINITIONS = {
     "fallback_seconds": "wall time of the batches' plain steps",
     "speedup_median": "median over batch pairs (each batch decoded by both decoders in turn, --repeats times) of "
                       "autoregressive / speculative time per output token of the pair: robust to a noisy host",
+    "speedup_cpu_median": "the same median with each batch's process CPU seconds of its decoding cycles (all threads, "
+                          "prefill excluded) in place of wall time: what the hypervisor steals from a shared host "
+                          "does not count",
 }
 
 
@@ -94,9 +97,10 @@ class Side:
         self.batch_seconds.append(seconds)
         self.batch_tokens.append(sum(r.stats.new_tokens for r in results))
 
-    def batch_tpots(self) -> list[float]:
-        """Each batch's (wall - prefill) seconds per new token."""
-        return [(seconds - timing.prefill_seconds) / max(tokens, 1)
+    def batch_tpots(self, cpu: bool = False) -> list[float]:
+        """Each batch's (wall - prefill) seconds per new token; with `cpu`, its cycles' process CPU
+        seconds per new token."""
+        return [(timing.cycle_cpu_seconds if cpu else seconds - timing.prefill_seconds) / max(tokens, 1)
                 for timing, seconds, tokens in zip(self.batches, self.batch_seconds, self.batch_tokens)]
 
     @property
@@ -303,15 +307,16 @@ def entry(pair: PairRuns, block: int, greedy: bool) -> dict:
                baseline_time_per_output_token_ms=ar["time_per_output_token_ms"],
                baseline_seconds=ar["seconds"],
                mismatches=sum(a != s for a, s in pairs) if greedy else None, compared=len(pairs),
-               speedup_median=median_pair_ratio(ar_sides, spec_sides))
+               speedup_median=median_pair_ratio(ar_sides, spec_sides),
+               speedup_cpu_median=median_pair_ratio(ar_sides, spec_sides, cpu=True))
     return out
 
 
-def median_pair_ratio(ar_sides: list[Side], spec_sides: list[Side]) -> float | None:
-    """The median over batch pairs of autoregressive / speculative time per output token (None
-    without a baseline)."""
+def median_pair_ratio(ar_sides: list[Side], spec_sides: list[Side], cpu: bool = False) -> float | None:
+    """The median over batch pairs of autoregressive / speculative time (with `cpu`: process CPU
+    time of the cycles) per output token; None without a baseline."""
     ratios = [a / s for ar_side, spec_side in zip(ar_sides, spec_sides)
-              for a, s in zip(ar_side.batch_tpots(), spec_side.batch_tpots()) if s > 0]
+              for a, s in zip(ar_side.batch_tpots(cpu), spec_side.batch_tpots(cpu)) if s > 0]
     return statistics.median(ratios) if ratios else None
 
 
@@ -454,6 +459,7 @@ def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
             decoder.generate([warm], GenerationConfig(max_new_tokens=min(8, bench.max_new_tokens), seed=model.seed))
 
     datasets, all_runs, peer_prompts, peer_refs, our_cycles = {}, {c: PairRuns() for c in concurrency}, {}, {}, {}
+    ticks = cpu_ticks()
     for name, convs in conversations.items():
         run = dataset_run(store, pipe, ar, name, convs, config, concurrency, bench.repeats)
         per_c = {}
@@ -470,7 +476,7 @@ def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
     peers = run_peers(pipe, bench, config, peer_prompts, peer_refs, out, block, store) if bench.peers else {}
     if "dflash_reference" in peers:
         compare_cycles(peers["dflash_reference"], our_cycles, concurrency[0] == 1 and greedy)
-    info = machine_info()
+    info = dict(machine_info(), steal_share=steal_share(ticks, cpu_ticks()))
     results = {
         "settings": dict(settings, definitions=DEFINITIONS, weights_sha256=weights, resumed_parts=store.reused),
         "datasets": datasets, "overall": overall, "peers": peers,

@@ -20,7 +20,7 @@ def render_markdown(results: dict) -> str:
              f"- {len(s['datasets'])} datasets, {s['num_prompts']} prompts each, max {s['max_new_tokens']} new tokens, "
              f"T={s['temperature']}, top-p {s['top_p']}, top-k {s['top_k']}, block {s['block_size']}, "
              f"{s['device']} {s['dtype']}, seed {s['seed']}",
-             f"- machine: {results['machine']}; commit {results['commit']}",
+             f"- machine: {results['machine']}; commit {results['commit']}" + _steal(results),
              "- acceptance length (tau) = committed tokens / verification passes (bonus counted); the overall row pools "
              "every cycle of every dataset (total tokens / total cycles), it is not a mean of means; speedup = "
              "autoregressive / speculative time per output token of this same engine, same prompts and batch size\n",
@@ -42,10 +42,11 @@ def render_markdown(results: dict) -> str:
     if len(s["concurrency"]) > 1:
         lines.append("## Concurrency (overall)\n")
         rows = [[c, d["acceptance_length"], d["baseline_tokens_per_second"], d["tokens_per_second"], d["speedup"],
-                 d["speedup_median"], d["drafts_verified_per_cycle"], d["plain_steps"], d["mismatches"]]
-                for c, d in results["overall"]["by_concurrency"].items()]
+                 d["speedup_median"], d["speedup_cpu_median"], d["drafts_verified_per_cycle"], d["plain_steps"],
+                 d["mismatches"]] for c, d in results["overall"]["by_concurrency"].items()]
         lines.append(markdown_table(["batch", "tau", "AR tok/s", "spec tok/s", "speedup", "median pair speedup",
-                                     "verified / cycle", "plain steps", "mismatches"], rows))
+                                     "median pair speedup (CPU time)", "verified / cycle", "plain steps",
+                                     "mismatches"], rows))
     if results["peers"]:
         lines.append(render_peers(results))
     lines.append("## Plots\n")
@@ -72,3 +73,8 @@ def render_peers(results: dict) -> str:
         lines.append(f"- **{key}** ({report['description']}): {status}")
         lines += [f"  - {note}" for note in report.get("notes", [])]
     return "\n".join(lines) + "\n"
+
+
+def _steal(results: dict) -> str:
+    share = results.get("machine_details", {}).get("steal_share")
+    return "" if share is None else f"; {100 * share:.0f} % of the CPU's time stolen by the host during the run"

@@ -163,6 +163,23 @@ def machine_identity() -> dict:
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """(stolen, all) CPU ticks since boot from Linux /proc/stat (steal: time the hypervisor gave to
+    other guests while this one wanted to run); None where there is no such file."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
+    """The share of the CPU's ticks between two `cpu_ticks()` readings that was stolen."""
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return (end[0] - start[0]) / (end[1] - start[1])
+
+
 def machine_info() -> dict:
     """`machine_identity()` plus platform, library versions and the load average."""
     import transformers
