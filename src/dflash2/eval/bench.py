@@ -243,14 +243,16 @@ def parse_args(argv) -> BenchSettings:
 
 def run_pair(ar: SpeculativeDecoder | None, spec: SpeculativeDecoder, prompts, batch: int, config,
              desc: str, repeats: int = 1) -> tuple[Side, Side]:
-    """Decode `prompts` in batches with both decoders, batch by batch, the decoders in turn, so load
-    drift hits both alike; the whole list `repeats` times (a side's first len(prompts) outputs are the
-    first pass, in prompt order) -> (autoregressive side, speculative side); the first stays empty
-    when `ar` is None (no baseline)."""
+    """Decode `prompts` in batches with both decoders, batch by batch, the decoders in turn (which goes
+    first alternates from batch to batch), so load drift and whatever the first of a pair pays for
+    the second hit both alike; the whole list `repeats` times (a side's first len(prompts) outputs are
+    the first pass, in prompt order) -> (autoregressive side, speculative side); the first stays
+    empty when `ar` is None (no baseline)."""
     ar_side, spec_side = Side(), Side()
     chunks = [prompts[start:start + batch] for _ in range(repeats) for start in range(0, len(prompts), batch)]
-    for chunk in tqdm(chunks, desc=desc, unit="batch", leave=False):
-        for decoder, side in ((ar, ar_side), (spec, spec_side)):
+    for index, chunk in enumerate(tqdm(chunks, desc=desc, unit="batch", leave=False)):
+        order = ((ar, ar_side), (spec, spec_side))
+        for decoder, side in order if index % 2 == 0 else order[::-1]:
             if decoder is None:
                 continue
             clock = time.perf_counter()
