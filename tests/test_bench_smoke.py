@@ -105,7 +105,8 @@ def test_bench_auto_mode_is_lossless_and_reports_its_choices(tmp_path):
     assert results["settings"]["speculate"] == "auto"
     for c, entry in results["overall"]["by_concurrency"].items():
         assert entry["mismatches"] == 0, c
-        assert {"drafts_verified_per_cycle", "draft_lengths", "plain_steps", "fallback_seconds"} <= set(entry)
+        assert {"drafts_verified_per_cycle", "draft_lengths", "plain_steps", "fallback_seconds",
+                "speculation_overhead"} <= set(entry)
         assert entry["plain_steps"] + entry["cycles"] > 0
 
 
@@ -131,6 +132,18 @@ def test_bench_repeats_pair_every_batch_and_report_the_median_ratio(tmp_path):
     assert entry["speedup_cpu_median"] == pytest.approx((cpu[2] + cpu[3]) / 2)
     assert "median pair speedup" in (out / "results.md").read_text()
     assert cli_main(["bench", "--tiny", "--repeats", "0", "--output", str(tmp_path / "bad")]) == 2
+
+
+def test_speculation_overhead_weighs_drafted_tokens_at_the_plain_step_time():
+    """Two rows, 10 plain steps of 0.1 s (20 tokens, 0.05 s a token) and speculative cycles that
+    took 0.5 s for 4 tokens: plain steps would have taken 0.2 s for those, so 0.3 s of 1.5 s was lost."""
+    from dflash2.decoding.stats import BatchTiming, RowStats
+    from dflash2.eval.bench import speculation_overhead
+
+    rows = [RowStats(8, new_tokens=1 + 10 + 2), RowStats(8, new_tokens=1 + 10 + 2)]
+    timing = BatchTiming(prefill_seconds=0.4, total_seconds=1.9, plain_steps=10, plain_seconds=1.0, plain_tokens=20)
+    assert speculation_overhead(rows, [timing]) == pytest.approx(0.3 / 1.5)
+    assert speculation_overhead(rows, [BatchTiming(total_seconds=1.0)]) is None      # no plain steps: `always`
 
 
 def test_analyze_smoke(tmp_path):

@@ -97,6 +97,19 @@ def test_a_probe_is_optimistic_and_judged_by_what_it_measured():
     assert policy.plain_left > 0 and not policy.plan(1).draft    # rejected at once: fall back
 
 
+def test_a_probe_that_cannot_pay_even_optimistically_verifies_nothing():
+    """At batch 32 a verified token costs nearly a plain step: a weak draft's probe falls back with
+    the draft pass as its only cost instead of verifying drafts to learn what the bound already says."""
+    costs = CostModel()
+    for q, s in ((1, 0.170), (2, 0.320), (4, 0.520), (8, 0.750)):
+        costs.observe_verify(32, q, s)
+    costs.observe_draft(32, 0.150)
+    policy = SpeculationPolicy("auto", costs)
+    assert policy.plan(32).probe
+    assert policy.choose_length(32, [[0.45] * 7] * 32, [True] * 32, block=8, probe=True) == 0
+    assert policy.plain_left == math.ceil(0.150 / (0.02 * 0.170))     # lost: the draft pass alone
+
+
 def _simulate(policy: SpeculationPolicy, b: int, accept: float, cycles: int, seed: int = 0):
     """Decode `cycles` cycles of a batch of b rows against a synthetic machine (verify = 40 ms +
     2 ms per token, draft pass 20 ms) whose drafts are accepted with probability `accept`, at

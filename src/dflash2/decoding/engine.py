@@ -285,6 +285,7 @@ class DecodeSession:
         if draft_seconds is None:
             self.timing.plain_steps += 1
             self.timing.plain_seconds += seconds
+            self.timing.plain_tokens += b
         else:
             self.timing.speculative_cycles += 1
         self.timing.cycle_cpu_seconds += time.process_time() - cpu

@@ -19,9 +19,10 @@ Contract:
   1..j-1 were (`AcceptanceModel`, from the draft's own confidence in the token; in a probe its
   optimistic bound, mean + `optimism` standard deviations), and the times come from `costs`
   (`decoding.costs.CostModel`). Plain decoding's rate is b / (t_verify(b, 1) + t_host).
-- Falling back: at once when the best length is 0 (the draft pass can only cost), or when the best
-  rate stays below plain decoding's for `patience` cycles, or when a probe, judged with what it
-  measured, did not pay. A fallback lasts long enough that what the failed speculation lost,
+- Falling back: at once when the best length is 0 or, in a probe, when even the optimistic best
+  rate is below plain decoding's (the draft pass was the only cost: nothing is verified), when the
+  best rate stays below plain decoding's for `patience` cycles, or when a probe, judged with what
+  it measured, did not pay. A fallback lasts long enough that what the failed speculation lost,
   the cycle's time beyond that of plain steps committing its expected tokens, is at most
   `budget` of the fallback's time; at least `backoff` steps, which doubles after each fallback
   (up to `max_backoff`) and returns to `min_backoff` once speculation pays. So a draft that never
@@ -168,11 +169,14 @@ class SpeculationPolicy:
         if self.mode == "always":
             return drafts
         choice = self._best(b, confidence, greedy, drafts, self.optimism if probe else 0.0)
-        if choice.k == 0:                      # verifying no draft: the draft pass can only cost
+        if choice.k == 0 or (probe and not self._pays(b, choice.rate)):
+            # nothing worth verifying, even at the optimistic bound of a probe: the draft pass was the
+            # only cost, and verifying would add to it
             self._fall_back(b, self._lost(b, self.cycle_seconds(b, 0), b))
-        elif probe:                            # judged in `observe`, with what it measured
-            pass
-        elif self._pays(b, choice.rate):
+            return 0
+        if probe:                              # judged in `observe`, with what it measured
+            return choice.k
+        if self._pays(b, choice.rate):
             self.losing, self.backoff = 0, self.min_backoff
         else:
             self.losing += 1

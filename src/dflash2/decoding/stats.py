@@ -91,6 +91,7 @@ class BatchTiming:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     plain_steps: int = 0             # batch steps decoded without a draft pass (fallback / never)
     plain_seconds: float = 0.0       # their wall time
+    plain_tokens: int = 0            # the tokens they committed (one per row and step)
     speculative_cycles: int = 0
     cycle_cpu_seconds: float = 0.0   # process CPU time of all cycles (prefill excluded): not stretched by a host's steal
 

@@ -70,6 +70,9 @@ DEFINITIONS = {
     "drafts_verified_per_cycle": "draft tokens the target verified per speculative cycle (the adaptive length)",
     "plain_steps": "one-token target steps without a draft pass (fallback when drafting does not pay)",
     "fallback_seconds": "wall time of the batches' plain steps",
+    "speculation_overhead": "(wall time of the speculative cycles - the tokens they committed x the time per token of "
+                            "the same batches' plain steps) / decoding time: what speculating cost (negative: what it "
+                            "saved), from the speculative decoder's own clock, without the other decoder's noise",
     "speedup_median": "median over batch pairs (each batch decoded by both decoders in turn, --repeats times) of "
                       "autoregressive / speculative time per output token of the pair: robust to a noisy host",
     "speedup_cpu_median": "the same median with each batch's process CPU seconds of its decoding cycles (all threads, "
@@ -289,8 +292,23 @@ def summarize(sides: list[Side], block: int) -> dict:
         "draft_lengths": dict(sorted(lengths.items())),
         "plain_steps": sum(s.plain_steps for s in stats),
         "fallback_seconds": sum(t.plain_seconds for t in batches),
+        "speculation_overhead": speculation_overhead(stats, batches),
         "phase_seconds": phases,
     }
+
+
+def speculation_overhead(stats: list[RowStats], batches: list[BatchTiming]) -> float | None:
+    """What the cycles that ran the draft cost beyond plain steps committing the same tokens, as a
+    share of the decoding time, from one decoder's own clock: (time in cycles with a draft pass -
+    their tokens x the time per token of the same batches' plain steps) / decoding time. Negative
+    when speculation paid; None without both kinds of step (`always`, `never`)."""
+    plain_tokens = sum(t.plain_tokens for t in batches)
+    plain_seconds = sum(t.plain_seconds for t in batches)
+    decoding = sum(t.total_seconds - t.prefill_seconds for t in batches)
+    drafted_tokens = sum(max(s.new_tokens - 1, 0) for s in stats) - plain_tokens   # the prefill's token excluded
+    if not plain_tokens or drafted_tokens <= 0 or decoding <= 0:
+        return None
+    return (decoding - plain_seconds - drafted_tokens * plain_seconds / plain_tokens) / decoding
 
 
 def entry(pair: PairRuns, block: int, greedy: bool) -> dict:

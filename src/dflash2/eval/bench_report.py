@@ -3,7 +3,8 @@
 Contract: `render_markdown(results)` -> the settings, the per-dataset table at the first
 concurrency (tau, autoregressive and speculative tok/s, speedup pooled and as the median of batch
 pairs, TPOT, mismatches), per-position acceptance and the tau histogram, the concurrency sweep when
-there is one (with the drafts verified per cycle and the plain steps of fallback), the peers table and
+there is one (with the drafts verified per cycle, the plain steps of fallback and what speculating
+cost on the speculative decoder's own clock), the peers table and
 notes (`render_peers`), and the plots. A pure function of `results`: a saved results.json
 renders the same report again.
 """
@@ -43,10 +44,11 @@ def render_markdown(results: dict) -> str:
         lines.append("## Concurrency (overall)\n")
         rows = [[c, d["acceptance_length"], d["baseline_tokens_per_second"], d["tokens_per_second"], d["speedup"],
                  d["speedup_median"], d["speedup_cpu_median"], d["drafts_verified_per_cycle"], d["plain_steps"],
-                 d["mismatches"]] for c, d in results["overall"]["by_concurrency"].items()]
+                 _percent(d["speculation_overhead"]), d["mismatches"]]
+                for c, d in results["overall"]["by_concurrency"].items()]
         lines.append(markdown_table(["batch", "tau", "AR tok/s", "spec tok/s", "speedup", "median pair speedup",
                                      "median pair speedup (CPU time)", "verified / cycle", "plain steps",
-                                     "mismatches"], rows))
+                                     "speculation overhead", "mismatches"], rows))
     if results["peers"]:
         lines.append(render_peers(results))
     lines.append("## Plots\n")
@@ -78,3 +80,7 @@ def render_peers(results: dict) -> str:
 def _steal(results: dict) -> str:
     share = results.get("machine_details", {}).get("steal_share")
     return "" if share is None else f"; {100 * share:.0f} % of the CPU's time stolen by the host during the run"
+
+
+def _percent(share: float | None) -> str | None:
+    return None if share is None else f"{100 * share:+.1f} %"
