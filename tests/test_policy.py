@@ -110,6 +110,15 @@ def test_a_probe_that_cannot_pay_even_optimistically_verifies_nothing():
     assert policy.plain_left == math.ceil(0.150 / (0.02 * 0.170))     # lost: the draft pass alone
 
 
+def test_fresh_keeps_the_machine_and_forgets_the_draft():
+    policy = SpeculationPolicy("auto", _costs(0.045), budget=0.05)
+    policy.acceptance.observe([0.5], True, verified=1, accepted=0)
+    policy.plain_left, policy.probing = 40, False
+    fresh = policy.fresh()
+    assert fresh.costs is policy.costs and fresh.budget == 0.05 and fresh.mode == "auto"
+    assert fresh.plain_left == 0 and fresh.probing and not fresh.acceptance.counts
+
+
 def _simulate(policy: SpeculationPolicy, b: int, accept: float, cycles: int, seed: int = 0):
     """Decode `cycles` cycles of a batch of b rows against a synthetic machine (verify = 40 ms +
     2 ms per token, draft pass 20 ms) whose drafts are accepted with probability `accept`, at

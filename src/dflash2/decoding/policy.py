@@ -27,6 +27,7 @@ Contract:
   `budget` of the fallback's time; at least `backoff` steps, which doubles after each fallback
   (up to `max_backoff`) and returns to `min_backoff` once speculation pays. So a draft that never
   pays costs at most `budget` of plain decoding's time after its first probe.
+- `fresh()`: a policy with the same settings and cost model that has learned nothing of the draft.
 - `observe(...)` feeds back what a cycle did: the acceptance per row (calibration) and the
   measured times (costs).
 All numbers are plain Python floats: the policy changes what is verified, never what is output
@@ -119,6 +120,11 @@ class SpeculationPolicy:
         self.losing = 0          # consecutive cycles whose best rate was below plain decoding's
         self.plain_left = 0      # plain steps left in the current fallback
         self.probing = True      # the next speculative cycle is a probe (the first one, or after a fallback)
+
+    def fresh(self) -> "SpeculationPolicy":
+        """The same settings and cost model, nothing learned of the draft, no fallback under way."""
+        return SpeculationPolicy(self.mode, self.costs, self.patience, self.min_backoff, self.max_backoff,
+                                 self.budget, self.optimism, self.margin)
 
     # ------------------------------------------------------------------ decisions
     def plan(self, b: int) -> CyclePlan:

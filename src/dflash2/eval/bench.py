@@ -477,6 +477,8 @@ def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
     for decoder in (ar, pipe.decoder):  # untimed warm-up: first-call overheads hit neither side's figures
         if decoder is not None:
             decoder.generate([warm], GenerationConfig(max_new_tokens=min(8, bench.max_new_tokens), seed=model.seed))
+    pipe.decoder.policy = pipe.decoder.policy.fresh()  # the timed runs start with what the warm-up measured of the
+    #                                                    machine (costs) but nothing of the draft or a fallback
 
     datasets, all_runs, peer_prompts, peer_refs, our_cycles = {}, {c: PairRuns() for c in concurrency}, {}, {}, {}
     ticks = cpu_ticks()
