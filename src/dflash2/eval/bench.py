@@ -481,7 +481,7 @@ def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
     #                                                    machine (costs) but nothing of the draft or a fallback
 
     datasets, all_runs, peer_prompts, peer_refs, our_cycles = {}, {c: PairRuns() for c in concurrency}, {}, {}, {}
-    ticks = cpu_ticks()
+    ticks, commit = cpu_ticks(), git_commit()   # the commit whose code runs, read before the (long) run
     for name, convs in conversations.items():
         run = dataset_run(store, pipe, ar, name, convs, config, concurrency, bench.repeats)
         per_c = {}
@@ -502,7 +502,7 @@ def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
     results = {
         "settings": dict(settings, definitions=DEFINITIONS, weights_sha256=weights, resumed_parts=store.reused),
         "datasets": datasets, "overall": overall, "peers": peers,
-        "machine": machine_line(info), "machine_details": info, "commit": git_commit(),
+        "machine": machine_line(info), "machine_details": info, "commit": commit,
     }
     results["plots"] = plots.bench_plots(results, out)
     write_json(out / "results.json", results)
