@@ -334,6 +334,8 @@ def test_subprocess_sigint_exits_130_with_one_line(work):
     """A real SIGINT while generating: exit status 130, one line, nothing written."""
     before = snapshot(work)
     code = ("import signal, sys, time\n"
+            # a user's terminal delivers Ctrl-C; a test run started in the background inherits SIGINT ignored
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "from dflash2.decoding import engine\n"
             "def events(*args, **kwargs):\n"
             "    signal.raise_signal(signal.SIGINT)\n"   # to this thread: torch's threads cannot take it
