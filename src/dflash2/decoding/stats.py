@@ -12,8 +12,9 @@ Contract:
   target passes (speculative cycles and plain steps).
 - `BatchTiming` holds the clock of one decoded batch: prefill, total wall time, per-phase time
   (prefill, draft, selector, verify, accept), the plain steps taken in fallback with their
-  time, and the process CPU time of the cycles (every thread's, prefill excluded; on a shared host
-  it does not grow with the time the hypervisor steals, as wall time does). A finished row carries the timing of its batch up to that moment.
+  time and tokens, and the process CPU time of the cycles (every thread's, prefill excluded; on a
+  shared host it does not grow with the time the hypervisor steals, as wall time does). A finished
+  row carries the timing of its batch up to that moment.
 - `Commit` is what one cycle adds to a row: its tokens, how many of them (the leading ones)
   were draft tokens accepted by the target (the rest is the target's own token), and how many
   drafts the cycle verified for the row (0: a plain step, counted in `RowStats.plain_steps`).
