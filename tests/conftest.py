@@ -15,7 +15,7 @@ import torch
 import random
 
 from dflash2.decoding.engine import SpeculativeDecoder
-from dflash2.decoding.policy import CyclePlan, SpeculationPolicy
+from dflash2.decoding.policy import Choice, CyclePlan, SpeculationPolicy
 from dflash2.decoding.proposer import Proposal
 from dflash2.targets.tiny import tiny_draft, tiny_target
 
@@ -71,7 +71,8 @@ class OracleDecoder(SpeculativeDecoder):
 
 class RandomLengthPolicy(SpeculationPolicy):
     """Adaptive length taken to the extreme: each cycle verifies a random number of drafts
-    (0..B-1), and one cycle in five is a plain step without a draft pass (a fallback)."""
+    (0..B-1), each row from a random one of the sources that offer it tokens, and one cycle in
+    five runs no draft pass (a fallback)."""
 
     def __init__(self, seed: int = 0):
         super().__init__("auto")
@@ -80,8 +81,14 @@ class RandomLengthPolicy(SpeculationPolicy):
     def plan(self, b):
         return CyclePlan(draft=self.random.random() >= 0.2)
 
-    def choose_length(self, b, confidence, greedy, block, probe=False):
-        return self.random.randrange(block)
+    def choose(self, b, offer, block, probe=False):
+        k, sources, lengths = self.random.randrange(block), [], []
+        for r in range(b):
+            offered = [(name, len(c[r])) for name, c in offer.sources() if c[r]]
+            name, n = self.random.choice(offered) if offered else ("", 0)
+            sources.append(name if min(k, n) else "")
+            lengths.append(min(k, n))
+        return Choice(max(lengths, default=0), 0.0, 0.0, tuple(sources), tuple(lengths))
 
 
 def with_speculation(decoder, mode: str):

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from dflash2.decoding.costs import CostModel
-from dflash2.decoding.policy import AcceptanceModel, SpeculationPolicy, expected_tokens
+from dflash2.decoding.policy import AcceptanceModel, Choice, CycleRecord, Offer, SpeculationPolicy, expected_tokens
 
 
 def test_expected_tokens_is_one_plus_the_reach_probabilities():
@@ -93,7 +93,9 @@ def test_a_probe_is_optimistic_and_judged_by_what_it_measured():
     mean.probing = False
     probe_k = policy.choose_length(1, [[0.35] * 7], [True], block=8, probe=True)
     assert probe_k > mean.choose_length(1, [[0.35] * 7], [True], block=8)
-    policy.observe(1, probe_k + 1, [[0.35] * 7], [True], [probe_k], [0], 0.030, 0.080, 0.0, probe=True)
+    offer = Offer([True], [[0.35] * 7])
+    choice = Choice(probe_k, 1.0, 0.0, ("draft",), (probe_k,))
+    policy.observe(CycleRecord(1, offer, choice, True, True, [probe_k], [0], probe_k + 1, 0.030, 0.080, 0.0))
     assert policy.plain_left > 0 and not policy.plan(1).draft    # rejected at once: fall back
 
 
@@ -131,12 +133,15 @@ def _simulate(policy: SpeculationPolicy, b: int, accept: float, cycles: int, see
         plan = policy.plan(b)
         if not plan.draft:
             verify = 0.040 + 0.002 * b
-            policy.observe(b, 1, None, [True] * b, [0] * b, [0] * b, None, verify, 0.0)
+            nothing = Choice(0, b, 0.0, ("",) * b, (0,) * b)
+            policy.observe(CycleRecord(b, Offer([True] * b), nothing, False, False, [0] * b, [0] * b, 1, 0.0, verify))
             seconds, tokens = seconds + verify, tokens + b
             continue
         policy.drafted(b, 0.020)
         confidence = [[0.5] * 7 for _ in range(b)]
-        k = policy.choose_length(b, confidence, [True] * b, 8, plan.probe)
+        offer = Offer([True] * b, confidence)
+        choice = policy.choose(b, offer, 8, plan.probe)
+        k = choice.k
         accepted = []
         for _ in range(b):
             n = 0
@@ -144,7 +149,8 @@ def _simulate(policy: SpeculationPolicy, b: int, accept: float, cycles: int, see
                 n += 1
             accepted.append(n)
         verify = 0.040 + 0.002 * b * (k + 1)
-        policy.observe(b, k + 1, confidence, [True] * b, [k] * b, accepted, 0.020, verify, 0.0, plan.probe)
+        policy.observe(CycleRecord(b, offer, choice, True, plan.probe, list(choice.lengths), accepted, k + 1,
+                                   0.020, verify))
         seconds, tokens = seconds + 0.020 + verify, tokens + sum(accepted) + b
     return seconds, tokens
 

@@ -1,11 +1,17 @@
 """The speculative decoding loop (docs/spec.md §3), readable top to bottom.
 
 Contract:
-- `SpeculativeDecoder(target, draft=None, speculate="auto")`: `target` is a `TargetAdapter`; with
-  `draft=None` (or `speculate="never"`) the same loop decodes autoregressively, one target step
-  per token: the honest baseline. `speculate` is a `policy.SPECULATE_MODES` value: `auto` verifies
-  only as many draft tokens as pay for themselves and falls back to plain decoding when drafting
-  does not pay; `always` verifies the whole block every cycle.
+- `SpeculativeDecoder(target, draft=None, speculate="auto", proposer=None, suffix_store=None)`:
+  `target` is a `TargetAdapter`. `proposer` (a `PROPOSERS` value) says where proposed tokens come
+  from: `draft` (the draft model's block), `lookup` (`decoding.lookup`: what followed the row's
+  latest tokens in its own prompt and output, and in `suffix_store`'s recent requests when one is
+  shared; no draft needed), `hybrid` (both, each row of each cycle verifying the source the policy
+  expects to commit more; every row verifies its own block in the same target pass). `None`:
+  `draft` with a draft, else no proposer: with neither (or `speculate="never"`) the same loop
+  decodes autoregressively, one target step per token: the honest baseline. `speculate` is a
+  `policy.SPECULATE_MODES` value: `auto` verifies only as many proposed tokens as pay for
+  themselves and falls back to plain decoding when the draft does not pay; `always` verifies the
+  whole block every cycle.
 - `session()` -> `DecodeSession`, a running batch: `add(prompts, config)` queues requests, which
   join at the next cycle boundary (their prefill merged into the ragged batch); `cancel(key)`
   drops one at the next boundary; `step()` runs one cycle and returns the `Event`s it produced.
@@ -16,8 +22,8 @@ Contract:
   `stream(prompt, config)` yields the tokens committed by each cycle; `decode_events(prompts,
   config)` yields the `Event`s of a batch as decoding goes.
 - Greedy output equals the target's greedy output token for token; sampled output follows the
-  target's processed distribution exactly (see `acceptance.py`), in every mode and for any number
-  of verified drafts. A row's random numbers depend only on its seed (`dflash2.rng`).
+  target's processed distribution exactly (see `acceptance.py`; a lookup token is a point-mass
+  draft), in every mode, for every proposer and for any number of verified drafts. A row's random numbers depend only on its seed (`dflash2.rng`).
 """
 from __future__ import annotations
 
@@ -29,18 +35,20 @@ from typing import Iterator
 import torch
 
 from dflash2.decoding.acceptance import greedy_accept, sample_accept, target_probs
-from dflash2.decoding.policy import SpeculationPolicy
-from dflash2.decoding.proposer import DraftProposer
+from dflash2.decoding.lookup import Lookup, LookupProposer, SuffixStore
+from dflash2.decoding.policy import Choice, CycleRecord, Offer, SpeculationPolicy
+from dflash2.decoding.proposer import DraftProposer, Proposal
 from dflash2.decoding.sampling import RowSampling
 from dflash2.decoding.stats import BatchTiming, Commit, RowStats
 from dflash2.decoding.target import TargetAdapter
-from dflash2.decoding.timing import Stopwatch
+from dflash2.decoding.timing import CycleTimer, Stopwatch
 from dflash2.errors import require
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.rng import ACCEPT, TOKEN, row_seed, sample_from, uniforms
 
 
-DRAFT_PHASES = ("draft", "draft_head", "selector")  # the draft pass: backbone, LM head, path selector
+PROPOSERS = ("draft", "lookup", "hybrid")
+LOOKUP_BLOCK_SIZE = 8      # tokens a cycle (anchor + lookup tokens) when no draft sets the block
 
 
 @dataclass
@@ -73,9 +81,13 @@ def check_context(prompt_tokens: int, config: GenerationConfig, block: int, limi
             f"{prompt_tokens + config.max_new_tokens + block} exceeds the target's context limit of {limit} tokens")
 
 
-def effective_block_size(draft_config, config: GenerationConfig) -> int:
-    """Tokens per cycle: 1 without a draft, else the request's block size or the draft's own."""
-    return 1 if draft_config is None else (config.block_size or draft_config.block_size)
+def effective_block_size(draft_config, config: GenerationConfig, proposer: str | None = None) -> int:
+    """Tokens per cycle: 1 without a proposer, else the request's block size or the draft's own
+    (`LOOKUP_BLOCK_SIZE` for lookup alone)."""
+    if proposer is None and draft_config is None:
+        return 1
+    default = draft_config.block_size if draft_config is not None and proposer != "lookup" else LOOKUP_BLOCK_SIZE
+    return config.block_size or default
 
 
 @dataclass
@@ -89,7 +101,8 @@ class GenerationResult:
 @dataclass
 class Event:
     """What one cycle did for one request: `commit.tokens` were committed (the first
-    `commit.accepted` of them accepted draft tokens); `result` is set when the request finished."""
+    `commit.accepted` of them accepted proposed tokens, from `commit.source`); `result` is set when
+    the request finished."""
     key: int
     commit: Commit
     result: GenerationResult | None = None
@@ -109,15 +122,24 @@ class _Row:
 
 
 class SpeculativeDecoder:
-    def __init__(self, target: TargetAdapter, draft: DFlash2DraftModel | None = None, speculate: str = "auto"):
+    def __init__(self, target: TargetAdapter, draft: DFlash2DraftModel | None = None, speculate: str = "auto",
+                 proposer: str | None = None, suffix_store: SuffixStore | None = None):
+        require(proposer is None or proposer in PROPOSERS,
+                f"proposer must be one of {', '.join(PROPOSERS)}, got {proposer!r}")
+        if proposer is None and (draft is not None or self.custom_proposer):
+            proposer = "draft"
+        require(proposer not in ("draft", "hybrid") or draft is not None or self.custom_proposer,
+                f"proposer '{proposer}' needs a draft (proposer 'lookup' needs none)")
         self.target = target
-        self.draft = draft
-        if draft is not None:
+        self.draft = draft if proposer in ("draft", "hybrid") else None
+        self.proposer = proposer
+        self.suffix_store = suffix_store
+        if self.draft is not None:
             draft.config.validate_against_target(target.model.config)
             require(target.target_layer_ids == draft.config.target_layer_ids,
                     "target adapter taps different layers than the draft's target_layer_ids")
             draft.bind_target(target.embed_weight(), target.lm_head_weight())
-        self.policy = SpeculationPolicy(speculate if draft is not None or self.custom_proposer else "never")
+        self.policy = SpeculationPolicy(speculate if proposer is not None else "never")
 
     custom_proposer = False  # test decoders that bring their own proposer set this
 
@@ -162,11 +184,17 @@ class SpeculativeDecoder:
         check_context(max(len(p) for p in prompts), config, self.block_size(config), self.target.max_positions)
 
     def block_size(self, config: GenerationConfig) -> int:
-        return effective_block_size(None if self.draft is None else self.draft.config, config)
+        if self.policy.mode == "never":
+            return 1
+        return effective_block_size(None if self.draft is None else self.draft.config, config, self.proposer)
 
     def new_proposer(self, stopwatch: Stopwatch) -> DraftProposer | None:
-        """The draft side of the cycle (None: autoregressive). Tests substitute oracle proposers."""
+        """The draft side of the cycle (None: no draft). Tests substitute oracle proposers."""
         return None if self.draft is None else DraftProposer(self.draft, stopwatch)
+
+    def new_lookup(self) -> LookupProposer | None:
+        """The lookup side of the cycle (None: the proposer is the draft alone)."""
+        return LookupProposer(store=self.suffix_store) if self.proposer in ("lookup", "hybrid") else None
 
 
 class DecodeSession:
@@ -176,7 +204,9 @@ class DecodeSession:
         self.decoder, self.target, self.policy = decoder, decoder.target, decoder.policy
         self.watch = Stopwatch(self.target.device)
         self.timing = BatchTiming()
-        self.proposer = decoder.new_proposer(self.watch) if self.policy.mode != "never" else None
+        speculating = self.policy.mode != "never"
+        self.proposer = decoder.new_proposer(self.watch) if speculating else None
+        self.lookup = decoder.new_lookup() if speculating else None
         self.rows: list[_Row] = []
         self.anchors: torch.Tensor | None = None          # [b] last committed token, not yet in the target cache
         self.sampling: RowSampling | None = None
@@ -231,6 +261,8 @@ class DecodeSession:
             first = self._pick(logits[:, -1], sampling, positions)                       # [n]
             if self.proposer is not None:
                 self.proposer.add_rows(features, mask)
+            if self.lookup is not None:
+                self.lookup.add_rows([prompt + [token] for (_, prompt, _), token in zip(pending, first.tolist())])
             self.timing.prefill_seconds += time.perf_counter() - clock
         self.anchors = first if self.anchors is None else torch.cat([self.anchors, first])
         self.sampling = sampling if self.sampling is None else self.sampling.cat(sampling)
@@ -241,30 +273,25 @@ class DecodeSession:
         return self._commit(new_rows, [Commit([int(t)]) for t in first.tolist()], first_token=True)
 
     def _cycle(self) -> list[Event]:
-        """Draft a block, verify it in one target pass, accept the longest correct prefix."""
-        b, clock, cpu = len(self.rows), time.perf_counter(), time.process_time()
-        start = self.target.next_position.clone()                  # each row's anchor position
+        """Propose a block per row (draft, lookup), verify every row's block in one target pass,
+        accept each row's longest correct prefix."""
+        b, timer = len(self.rows), CycleTimer(self.watch)
+        start = self.target.next_position.clone()                  # [b] each row's anchor position
         plan = self.policy.plan(b)
-        drafts = self.anchors.new_zeros(b, 0)
-        q = confidence = draft_seconds = None
-        verified = [0] * b
-        if plan.draft and self.block > 1:
-            before = sum(self.watch.totals[p] for p in DRAFT_PHASES)
-            proposal = self.proposer.propose(self.anchors, start, self.block, self.sampling.temperature,
-                                             self.sampling.seed)
-            draft_seconds = sum(self.watch.totals[p] for p in DRAFT_PHASES) - before
-            self.policy.drafted(b, draft_seconds)
-            confidence = (proposal.confidence.tolist() if proposal.confidence is not None
-                          else [[1.0] * proposal.tokens.shape[1]] * b)
-            greedy = self.sampling.greedy.tolist()
-            with self.watch("policy"):
-                length = self.policy.choose_length(b, confidence, greedy, self.block, plan.probe)
-            drafts, q = proposal.tokens[:, :length], None if proposal.q is None else proposal.q[:, :length]
-            verified = [min(length, self.decoder.block_size(r.config) - 1) for r in self.rows]
-        with self.watch("verify"):
-            verify_clock = time.perf_counter()
+        lookups, offer = self._look_up()
+        proposal = None
+        if plan.draft and self.proposer is not None and self.block > 1 and self.policy.worth_drafting(b, offer, self.block):
+            with timer("draft"):
+                proposal = self.proposer.propose(self.anchors, start, self.block, self.sampling.temperature,
+                                                 self.sampling.seed)
+            self.policy.drafted(b, timer.seconds["draft"])
+            offer = Offer.of(offer.greedy, _confidence(proposal), offer.lookup)
+        with self.watch("policy"):
+            choice = self.policy.choose(b, offer, self.block, plan.probe) if offer.sources() else _nothing(b)
+        drafts, q = self._assemble(choice, proposal, lookups)      # [b, k], [b, k, V] or None
+        verified = [min(n, self.decoder.block_size(r.config) - 1) for n, r in zip(choice.lengths, self.rows)]
+        with timer("verify", phase="verify"):
             logits, features = self.target.step(torch.cat([self.anchors[:, None], drafts], dim=1))
-            verify_seconds = time.perf_counter() - verify_clock
         with self.watch("accept"):
             limits = torch.tensor(verified, dtype=torch.long, device=drafts.device)
             accepted, bonus = self._accept(drafts, logits, q, limits, start)
@@ -272,27 +299,48 @@ class DecodeSession:
         with self.watch("realign"):                                # roll back rejected slots, re-align rows
             self.target.keep(counts, drafts.shape[1] + 1)
             if self.proposer is not None:
-                self.proposer.append(features, counts, start, defer=draft_seconds is None)
+                self.proposer.append(features, counts, start, defer=proposal is None)
         with self.watch("host"):                                   # one host copy per tensor, not per row
             accepted_list, drafts_list, bonus_list = accepted.tolist(), drafts.tolist(), bonus.tolist()
-            commits = [Commit(drafts_list[r][:n] + [bonus_list[r]], accepted=n) for r, n in enumerate(accepted_list)]
+            commits = [Commit(drafts_list[r][:n] + [bonus_list[r]], n, verified[r], choice.sources[r])
+                       for r, n in enumerate(accepted_list)]
+            if self.lookup is not None:
+                self.lookup.extend([c.tokens for c in commits])
         self.anchors = bonus
-        seconds = time.perf_counter() - clock
-        host = seconds - verify_seconds - (draft_seconds or 0.0)
+        record = CycleRecord(b, offer, choice, proposal is not None, plan.probe, verified, accepted_list,
+                             drafts.shape[1] + 1, timer.seconds["draft"], timer.seconds["verify"])
+        record.host_seconds = timer.wall() - record.draft_seconds - record.verify_seconds
         with self.watch("policy"):
-            self.policy.observe(b, drafts.shape[1] + 1, confidence, self.sampling.greedy.tolist(), verified,
-                                accepted_list, draft_seconds, verify_seconds, host, plan.probe)
-        if draft_seconds is None:
-            self.timing.plain_steps += 1
-            self.timing.plain_seconds += seconds
-            self.timing.plain_tokens += b
-        else:
-            self.timing.speculative_cycles += 1
-        self.timing.cycle_cpu_seconds += time.process_time() - cpu
+            self.policy.observe(record)
+        self.timing.record_cycle(b, record.drafted, record.width, timer.wall(), timer.cpu())
         with self.watch("host"):
-            return self._commit(self.rows, commits, verified=verified)
+            return self._commit(self.rows, commits)
 
     # ------------------------------------------------------------------ pieces of a cycle
+    def _look_up(self) -> tuple[list[Lookup] | None, Offer]:
+        """Each row's lookup proposal (None without a lookup proposer) and the offer it makes."""
+        greedy = self.sampling.greedy.tolist()
+        if self.lookup is None or self.block < 2:
+            return None, Offer(greedy)
+        with self.watch("lookup"):
+            lookups = self.lookup.propose(self.block - 1)
+        return lookups, Offer.of(greedy, lookup=[found.confidence for found in lookups])
+
+    def _assemble(self, choice: Choice, proposal: Proposal | None,
+                  lookups: list[Lookup] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The block each row verifies: its chosen source's first k tokens -> drafts [b, k] (rows
+        verifying fewer are padded; their limit stops acceptance), and q [b, k, V] when the draft
+        sampled (a lookup row's q is one-hot: a point-mass draft); None: every q is one-hot."""
+        k, device = choice.k, self.anchors.device
+        drafts = proposal.tokens[:, :k].clone() if proposal is not None else self.anchors.new_zeros(len(self.rows), k)
+        q = proposal.q[:, :k].clone() if proposal is not None and proposal.q is not None else None
+        for r, (source, n) in enumerate(zip(choice.sources, choice.lengths)):
+            if source == "lookup":
+                drafts[r, :n] = torch.tensor(lookups[r].tokens[:n], dtype=torch.long, device=device)
+                if q is not None:
+                    q[r] = torch.zeros_like(q[r]).scatter_(-1, drafts[r].unsqueeze(-1), 1.0)
+        return drafts, q
+
     def _pick(self, logits: torch.Tensor, sampling: RowSampling, positions: torch.Tensor) -> torch.Tensor:
         """One target token per row from logits [n, V]: argmax, or a sample from the processed p."""
         argmax = logits.argmax(dim=-1)
@@ -318,17 +366,16 @@ class DecodeSession:
                                        uniforms(s.seed, decided, TOKEN), limits)
         return torch.where(s.greedy, accepted, sampled), torch.where(s.greedy, bonus, token)
 
-    def _commit(self, rows: list[_Row], commits: list[Commit], verified: list[int] | None = None,
-                first_token: bool = False) -> list[Event]:
+    def _commit(self, rows: list[_Row], commits: list[Commit], first_token: bool = False) -> list[Event]:
         """Add each row's tokens (cut at a stop token or max_new_tokens), record its statistics,
         and retire the rows that finished."""
         events, finished = [], []
         for index, (row, commit) in enumerate(zip(rows, commits)):
             tokens, reason = _truncate(commit.tokens, row.output, row.config, row.stop_ids)
-            commit = Commit(tokens, min(commit.accepted, len(tokens)), 0 if first_token else verified[index])
+            commit = Commit(tokens, min(commit.accepted, len(tokens)), commit.drafted, commit.source)
             row.output += tokens
             if not first_token:  # the prefill's token is not a verification pass
-                row.stats.record_cycle(verified[index], len(tokens), commit.accepted)
+                row.stats.record_cycle(commit.drafted, len(tokens), commit.accepted, commit.source)
             result = None
             if reason is not None:
                 row.stats.new_tokens = len(row.output)
@@ -349,12 +396,16 @@ class DecodeSession:
             self.anchors = self.sampling = None
             self.target.reset()
             self.proposer = self.decoder.new_proposer(self.watch) if self.proposer is not None else None
+            if self.lookup is not None:
+                self.lookup.select_rows([])                         # their text goes to the shared store
             return
         index = torch.tensor(keep, device=self.target.device)
         self.anchors, self.sampling = self.anchors[index], self.sampling.select(index)
         self.target.select_rows(index)
         if self.proposer is not None:
             self.proposer.select_rows(index)
+        if self.lookup is not None:
+            self.lookup.select_rows(keep)
 
     def _drop_cancelled(self) -> list[Event]:
         if not self._cancelled:
@@ -374,6 +425,18 @@ def _truncate(tokens: list[int], so_far: list[int], config: GenerationConfig, st
     if len(tokens) >= room:
         return tokens[:room], "length"
     return tokens, None
+
+
+def _confidence(proposal: Proposal) -> list[list[float]]:
+    """The draft's confidence per row and token (1.0 each when the proposer gives none)."""
+    if proposal.confidence is not None:
+        return proposal.confidence.tolist()
+    return [[1.0] * proposal.tokens.shape[1]] * proposal.tokens.shape[0]
+
+
+def _nothing(b: int) -> Choice:
+    """Nothing offered (autoregressive, or a one-token block): a plain step."""
+    return Choice(0, float(b), 0.0, ("",) * b, (0,) * b)
 
 
 def _copy(timing: BatchTiming) -> BatchTiming:

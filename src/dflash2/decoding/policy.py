@@ -96,13 +96,77 @@ def expected_tokens(probabilities: list[float], k: int) -> float:
     return total
 
 
+SOURCES = ("draft", "lookup")
+SAMPLED_DRAFT_CONFIDENCE = 0.5   # what the policy sees of a sampled row's draft tokens (see `Offer.of`)
+
+
+def expectations_by_length(probabilities: list[float]) -> list[float]:
+    """[E(0), E(1), ..., E(T)] of `expected_tokens` in one pass."""
+    out, reach = [1.0], 1.0
+    for a in probabilities:
+        reach *= a
+        out.append(out[-1] + reach)
+    return out
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What the proposers offer one cycle, per row: each source's confidence in its tokens (None:
+    the source did not run this cycle; an empty list: it has nothing for that row)."""
+    greedy: list[bool]
+    draft: list[list[float]] | None = None
+    lookup: list[list[float]] | None = None
+
+    @classmethod
+    def of(cls, greedy: list[bool], draft: list[list[float]] | None = None,
+           lookup: list[list[float]] | None = None) -> "Offer":
+        """A sampled row's draft tokens were drawn at random: choosing by their confidence would
+        make the choice depend on the draw, which biases the output (the acceptance rule is exact
+        for a proposal chosen independently of it). Those rows offer a constant instead, so the
+        policy learns their mean acceptance. Lookup tokens are not drawn: they are seen as they are."""
+        if draft is not None:
+            draft = [c if g else [SAMPLED_DRAFT_CONFIDENCE] * len(c) for c, g in zip(draft, greedy)]
+        return cls(greedy, draft, lookup)
+
+    def sources(self) -> list[tuple[str, list[list[float]]]]:
+        return [(name, c) for name, c in zip(SOURCES, (self.draft, self.lookup)) if c is not None]
+
+    def without_draft(self) -> "Offer":
+        return Offer(self.greedy, None, self.lookup)
+
+
 @dataclass(frozen=True)
 class Choice:
-    """The most productive number of drafts to verify this cycle: k, the expected tokens it
-    commits summed over the rows, and the rate (tokens per second) that gives."""
+    """What one cycle verifies: room for k drafts a row (the pass runs k + 1 tokens a row), each
+    row's source ("draft", "lookup"; "" for none) and number of drafts verified (<= k), the expected
+    tokens this commits summed over the rows, and the rate (tokens per second) that gives."""
     k: int
     expected: float
     rate: float
+    sources: tuple[str, ...] = ()
+    lengths: tuple[int, ...] = ()
+
+
+@dataclass
+class CycleRecord:
+    """What one cycle did, as the policy learns from it: the offer and the choice, whether the draft
+    pass ran (and was a probe), per row the drafts verified and accepted, the pass's width (tokens
+    a row through the target) and the cycle's times (draft pass, target pass, the rest)."""
+    b: int
+    offer: Offer
+    choice: Choice
+    drafted: bool
+    probe: bool
+    verified: list[int]
+    accepted: list[int]
+    width: int
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    host_seconds: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.draft_seconds + self.verify_seconds + self.host_seconds
 
 
 class SpeculationPolicy:
@@ -113,18 +177,23 @@ class SpeculationPolicy:
             raise ValueError(f"speculate mode must be one of {', '.join(SPECULATE_MODES)}, got {mode!r}")
         self.mode = mode
         self.costs = costs or CostModel()
-        self.acceptance = AcceptanceModel()
+        self.acceptance = AcceptanceModel()           # the draft's calibration
+        self.lookup_acceptance = AcceptanceModel()    # the lookup proposer's
         self.patience, self.min_backoff, self.max_backoff, self.margin = patience, min_backoff, max_backoff, margin
         self.budget, self.optimism = budget, optimism
         self.backoff = min_backoff
-        self.losing = 0          # consecutive cycles whose best rate was below plain decoding's
-        self.plain_left = 0      # plain steps left in the current fallback
-        self.probing = True      # the next speculative cycle is a probe (the first one, or after a fallback)
+        self.losing = 0          # consecutive cycles whose best rate was below that without the draft
+        self.plain_left = 0      # cycles left in the current fallback (no draft pass)
+        self.probing = True      # the next draft pass is a probe (the first one, or after a fallback)
+        self.outlook: tuple[float, float] | None = None   # the draft's usual (k, expected tokens a row)
 
     def fresh(self) -> "SpeculationPolicy":
-        """The same settings and cost model, nothing learned of the draft, no fallback under way."""
+        """The same settings and cost model, nothing learned of the proposers, no fallback under way."""
         return SpeculationPolicy(self.mode, self.costs, self.patience, self.min_backoff, self.max_backoff,
                                  self.budget, self.optimism, self.margin)
+
+    def _table(self, source: str) -> AcceptanceModel:
+        return self.acceptance if source == "draft" else self.lookup_acceptance
 
     # ------------------------------------------------------------------ decisions
     def plan(self, b: int) -> CyclePlan:
@@ -148,72 +217,126 @@ class SpeculationPolicy:
     def plain_rate(self, b: int) -> float:
         return b / max(self.plain_step_seconds(b), 1e-9)
 
-    def cycle_seconds(self, b: int, k: int) -> float:
-        return self.costs.draft(b) + self.costs.verify(b, k + 1) + self.costs.host(b, True)
+    def cycle_seconds(self, b: int, k: int, drafted: bool = True) -> float:
+        """A cycle verifying k drafts a row, with or without the draft pass (k = 0 and no pass: a plain step)."""
+        if k == 0 and not drafted:
+            return self.plain_step_seconds(b)
+        return (self.costs.draft(b) if drafted else 0.0) + self.costs.verify(b, k + 1) + self.costs.host(b, True)
 
-    def _best(self, b: int, confidence: list[list[float]], greedy: list[bool], drafts: int,
-              optimism: float = 0.0) -> Choice:
-        probabilities = [self.acceptance.probabilities(c, g, optimism) for c, g in zip(confidence, greedy)]
+    def _expectations(self, offer: Offer, optimism: float = 0.0) -> dict[str, list[list[float]]]:
+        """source -> per row [E(0), ..., E(T)]: the draft's at `optimism` (its bound in a probe),
+        lookup's always at the policy's optimism: it costs no pass, so it explores every cycle, and
+        its bound tightens to its mean as its bins fill."""
+        return {name: [expectations_by_length(self._table(name).probabilities(
+                           c, g, optimism if name == "draft" else self.optimism))
+                       for c, g in zip(confidence, offer.greedy)]
+                for name, confidence in offer.sources()}
+
+    def _best(self, b: int, expectations: dict[str, list[list[float]]], drafts: int, drafted: bool,
+              every: bool = False) -> Choice:
+        """The k (0..drafts) of the highest rate, each row taking its best source at k; `every`:
+        k = drafts, every row verifying all that its best source offers."""
         best = Choice(0, 0.0, -1.0)
-        for k in range(drafts + 1):
-            expected = sum(expected_tokens(p, k) for p in probabilities)
-            rate = expected / max(self.cycle_seconds(b, k), 1e-9)
+        for k in ([drafts] if every else range(drafts + 1)):
+            expected, sources, lengths = 0.0, [], []
+            for r in range(b):
+                row_best, source, length = (-1.0 if every else 1.0), "", 0
+                for name, rows in expectations.items():
+                    n = min(k, len(rows[r]) - 1)
+                    if rows[r][n] > row_best and n > 0:
+                        row_best, source, length = rows[r][n], name, n
+                expected += max(row_best, 1.0)
+                sources.append(source)
+                lengths.append(length)
+            width = max(lengths, default=0)
+            rate = expected / max(self.cycle_seconds(b, width, drafted), 1e-9)
             if rate > best.rate:
-                best = Choice(k, expected, rate)
+                best = Choice(width, expected, rate, tuple(sources), tuple(lengths))
         return best
 
-    def _pays(self, b: int, rate: float) -> bool:
-        return rate >= self.plain_rate(b) * (1 + self.margin)
+    def _pays(self, rate: float, without: float) -> bool:
+        return rate >= without * (1 + self.margin)
 
     def _lost(self, b: int, seconds: float, tokens: float) -> float:
         """What a speculative cycle of `seconds` committing `tokens` lost against plain steps."""
         return seconds - tokens / b * self.plain_step_seconds(b)
 
-    def choose_length(self, b: int, confidence: list[list[float]], greedy: list[bool], block: int,
-                      probe: bool = False) -> int:
+    def worth_drafting(self, b: int, offer: Offer, block: int) -> bool:
+        """Before the draft pass, with the lookup offer in hand: whether the draft, at what it usually
+        gives, is expected to add more than its pass costs (True when nothing is known yet)."""
+        if self.mode != "auto" or self.outlook is None or offer.lookup is None:
+            return True
+        lookup = self._expectations(offer)
+        alone = self._best(b, lookup, block - 1, drafted=False)
+        k, per_row = round(self.outlook[0]), self.outlook[1]
+        mixed = sum(max(per_row, row[min(k, len(row) - 1)]) for row in lookup["lookup"])
+        return mixed / max(self.cycle_seconds(b, k, True), 1e-9) > alone.rate
+
+    def choose(self, b: int, offer: Offer, block: int, probe: bool = False) -> Choice:
+        """What to verify this cycle, by expected committed tokens per second; see the module docstring."""
         drafts = block - 1
+        drafted = offer.draft is not None
         if self.mode == "always":
-            return drafts
-        choice = self._best(b, confidence, greedy, drafts, self.optimism if probe else 0.0)
-        if choice.k == 0 or (probe and not self._pays(b, choice.rate)):
-            # nothing worth verifying, even at the optimistic bound of a probe: the draft pass was the
-            # only cost, and verifying would add to it
+            return self._best(b, self._expectations(offer), drafts, drafted, every=True)
+        if not drafted:                          # lookup alone, or nothing: no fallback to manage
+            return self._best(b, self._expectations(offer), drafts, False)
+        expectations = self._expectations(offer, self.optimism if probe else 0.0)
+        choice = self._best(b, expectations, drafts, True)
+        without = self._best(b, {n: e for n, e in expectations.items() if n != "draft"}, drafts, False)
+        if not probe:
+            self._follow_outlook(choice, expectations["draft"])
+        if choice.k == 0 or (probe and not self._pays(choice.rate, without.rate)):
+            # nothing worth verifying from the draft, even at the optimistic bound of a probe: the draft
+            # pass was the only cost, and verifying its tokens would add to it
             self._fall_back(b, self._lost(b, self.cycle_seconds(b, 0), b))
-            return 0
+            return without
         if probe:                              # judged in `observe`, with what it measured
-            return choice.k
-        if self._pays(b, choice.rate):
+            return choice
+        if self._pays(choice.rate, without.rate):
             self.losing, self.backoff = 0, self.min_backoff
         else:
             self.losing += 1
             if self.losing >= self.patience:
                 self._fall_back(b, self._lost(b, self.cycle_seconds(b, choice.k), choice.expected))
-        return choice.k
+        return choice
+
+    def choose_length(self, b: int, confidence: list[list[float]], greedy: list[bool], block: int,
+                      probe: bool = False) -> int:
+        """`choose` for a draft alone: the number of drafts to verify."""
+        return self.choose(b, Offer(greedy, confidence), block, probe).k
+
+    def _follow_outlook(self, choice: Choice, draft: list[list[float]]) -> None:
+        """The draft's usual k and expected tokens a row at it (a moving average)."""
+        per_row = sum(row[min(choice.k, len(row) - 1)] for row in draft) / max(len(draft), 1)
+        if self.outlook is None:
+            self.outlook = (float(choice.k), per_row)
+        else:
+            self.outlook = tuple(0.8 * old + 0.2 * new for old, new in zip(self.outlook, (choice.k, per_row)))
 
     def _fall_back(self, b: int, lost_seconds: float) -> None:
-        """Plain steps long enough that `lost_seconds` is at most `budget` of their time, and at
-        least `backoff` of them; the next fallback is at least twice as long."""
+        """Cycles without the draft pass long enough that `lost_seconds` is at most `budget` of their
+        time, and at least `backoff` of them; the next fallback is at least twice as long."""
         needed = math.ceil(max(lost_seconds, 0.0) / max(self.budget * self.plain_step_seconds(b), 1e-12))
         self.plain_left = min(max(self.backoff, needed), self.max_backoff)
         self.backoff = min(2 * self.plain_left, self.max_backoff)
         self.losing = 0
 
     # ------------------------------------------------------------------ feedback
-    def observe(self, b: int, q: int, confidence: list[list[float]] | None, greedy: list[bool],
-                verified: list[int], accepted: list[int], draft_seconds: float | None, verify_seconds: float,
-                host_seconds: float, probe: bool = False) -> None:
-        """What a cycle did: it ran q tokens per row through the target (verified[r] of them drafts
-        of row r, accepted[r] accepted); draft_seconds is None for a plain step (the draft pass's
-        time itself came through `drafted`)."""
-        self.costs.observe_verify(b, q, verify_seconds)
-        self.costs.observe_host(b, draft_seconds is not None, host_seconds)
-        if confidence is not None:
-            for c, g, v, a in zip(confidence, greedy, verified, accepted):
-                self.acceptance.observe(c, g, v, a)
-        if probe and confidence is not None and self.mode == "auto" and self.plain_left == 0:
+    def observe(self, record: CycleRecord) -> None:
+        """What a cycle did: the acceptance per row (calibration, per source) and the measured times
+        (costs; the draft pass's time itself came through `drafted`)."""
+        b, offer, choice = record.b, record.offer, record.choice
+        self.costs.observe_verify(b, record.width, record.verify_seconds)
+        self.costs.observe_host(b, record.drafted or record.width > 1, record.host_seconds)
+        offered = dict(offer.sources())
+        for r, (source, verified, accepted) in enumerate(zip(choice.sources, record.verified, record.accepted)):
+            if source and verified:
+                self._table(source).observe(offered[source][r], offer.greedy[r], verified, accepted)
+        if record.probe and record.drafted and self.mode == "auto" and self.plain_left == 0:
             self.probing = False               # judge the probe with what it just measured
-            if self._pays(b, self._best(b, confidence, greedy, len(confidence[0])).rate):
+            expectations = self._expectations(offer)
+            without = self._best(b, {n: e for n, e in expectations.items() if n != "draft"}, len(offer.draft[0]), False)
+            if self._pays(self._best(b, expectations, len(offer.draft[0]), True).rate, without.rate):
                 self.losing, self.backoff = 0, self.min_backoff
             else:
-                spent = (draft_seconds or 0.0) + verify_seconds + host_seconds
-                self._fall_back(b, self._lost(b, spent, sum(accepted) + b))
+                self._fall_back(b, self._lost(b, record.seconds, sum(record.accepted) + b))

@@ -9,15 +9,18 @@ Contract:
   accepted positions it committed, in the histogram and in the per-position figures alike.
 - `acceptance_length` = tokens committed by speculative cycles / speculative cycles (bonus
   counted, at most the block size); `tokens_per_pass` = new tokens after the prefill's / all
-  target passes (speculative cycles and plain steps).
+  target passes (speculative cycles and plain steps). Per source ("draft", "lookup"): the cycles
+  that verified a row's tokens from it and the tokens of it the target accepted
+  (`cycles_by_source`, `accepted_by_source`).
 - `BatchTiming` holds the clock of one decoded batch: prefill, total wall time, per-phase time
   (prefill, draft, selector, verify, accept), the plain steps taken in fallback with their
   time and tokens, and the process CPU time of the cycles (every thread's, prefill excluded; on a
   shared host it does not grow with the time the hypervisor steals, as wall time does). A finished
   row carries the timing of its batch up to that moment.
 - `Commit` is what one cycle adds to a row: its tokens, how many of them (the leading ones)
-  were draft tokens accepted by the target (the rest is the target's own token), and how many
-  drafts the cycle verified for the row (0: a plain step, counted in `RowStats.plain_steps`).
+  were proposed tokens accepted by the target (the rest is the target's own token), how many
+  proposed tokens the cycle verified for the row (0: a plain step, counted in
+  `RowStats.plain_steps`) and where they came from (`source`: "draft", "lookup", "" for none).
 """
 from __future__ import annotations
 
@@ -33,18 +36,22 @@ class RowStats:
     accepted_at_position: list[int] = field(default_factory=list)       # cycles whose drafts 1..k were accepted
     plain_steps: int = 0                                                # one-token target passes
     new_tokens: int = 0
+    cycles_by_source: dict[str, int] = field(default_factory=dict)      # source -> cycles verifying its tokens
+    accepted_by_source: dict[str, int] = field(default_factory=dict)    # source -> its tokens accepted
 
     def __post_init__(self) -> None:
         if not self.accepted_at_position:
             self.accepted_at_position = [0] * max(self.block_size - 1, 0)
 
-    def record_cycle(self, verified: int, committed: int, accepted: int) -> None:
-        """One target pass that verified `verified` drafts and committed `committed` tokens, the
-        first `accepted` of them drafts (verified = 0: a plain step)."""
+    def record_cycle(self, verified: int, committed: int, accepted: int, source: str = "draft") -> None:
+        """One target pass that verified `verified` proposed tokens (from `source`) and committed
+        `committed` tokens, the first `accepted` of them proposed (verified = 0: a plain step)."""
         if verified == 0:
             self.plain_steps += 1
             return
         self.cycles += 1
+        self.cycles_by_source[source] = self.cycles_by_source.get(source, 0) + 1
+        self.accepted_by_source[source] = self.accepted_by_source.get(source, 0) + accepted
         self.committed_per_cycle.append(committed)
         self.drafts_per_cycle.append(verified)
         for k in range(accepted):
@@ -75,6 +82,7 @@ class RowStats:
                 "acceptance_length": self.acceptance_length, "tokens_per_pass": self.tokens_per_pass,
                 "mean_drafts_verified": self.mean_drafts_verified, "histogram": self.histogram(),
                 "position_acceptance": self.position_acceptance(),
+                "cycles_by_source": dict(self.cycles_by_source), "accepted_by_source": dict(self.accepted_by_source),
                 "draft_lengths": {k: self.drafts_per_cycle.count(k) for k in sorted(set(self.drafts_per_cycle))}}
 
     def to_dict(self) -> dict:
@@ -90,11 +98,23 @@ class BatchTiming:
     prefill_seconds: float = 0.0
     total_seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
-    plain_steps: int = 0             # batch steps decoded without a draft pass (fallback / never)
+    plain_steps: int = 0             # one-token batch steps: no draft pass, nothing verified (fallback / never)
     plain_seconds: float = 0.0       # their wall time
     plain_tokens: int = 0            # the tokens they committed (one per row and step)
     speculative_cycles: int = 0
+    draft_passes: int = 0            # cycles that ran the draft pass (the others proposed by lookup or not at all)
     cycle_cpu_seconds: float = 0.0   # process CPU time of all cycles (prefill excluded): not stretched by a host's steal
+
+    def record_cycle(self, b: int, drafted: bool, width: int, seconds: float, cpu_seconds: float) -> None:
+        """One cycle of b rows: `width` tokens a row through the target, after a draft pass or not."""
+        if not drafted and width == 1:
+            self.plain_steps += 1
+            self.plain_seconds += seconds
+            self.plain_tokens += b
+        else:
+            self.speculative_cycles += 1
+        self.draft_passes += int(drafted)
+        self.cycle_cpu_seconds += cpu_seconds
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -109,5 +129,6 @@ class BatchTiming:
 @dataclass
 class Commit:
     tokens: list[int]
-    accepted: int = 0    # the leading `accepted` tokens were draft tokens
-    drafted: int = 0     # draft tokens this cycle verified (0: a plain step, or the prefill's token)
+    accepted: int = 0    # the leading `accepted` tokens were proposed tokens
+    drafted: int = 0     # proposed tokens this cycle verified (0: a plain step, or the prefill's token)
+    source: str = ""     # where they came from: "draft", "lookup", "" (none)
