@@ -40,8 +40,8 @@ from dflash2.decoding.policy import Choice, CycleRecord, Offer, SpeculationPolic
 from dflash2.decoding.proposer import DraftProposer, Proposal
 from dflash2.decoding.sampling import RowSampling
 from dflash2.decoding.stats import BatchTiming, Commit, RowStats
-from dflash2.decoding.target import TargetAdapter
 from dflash2.decoding.timing import CycleTimer, Stopwatch
+from dflash2.decoding.verifier import TargetAdapter
 from dflash2.errors import require
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.rng import ACCEPT, TOKEN, row_seed, sample_from, uniforms
