@@ -87,13 +87,16 @@ def models():
     return target.to(TEST_DEVICE), draft.to(TEST_DEVICE)
 
 
-def sample_triples(target, draft, setting, seed=0, mode="always") -> np.ndarray:
+def sample_triples(target, draft, setting, seed=0, mode="always", proposer=None, lookup_used=None) -> np.ndarray:
     adapter = TargetAdapter(target, None if draft is None else draft.config.target_layer_ids)
-    decoder = SpeculativeDecoder(adapter, draft)
-    if draft is not None:
+    decoder = SpeculativeDecoder(adapter, draft, proposer=proposer)
+    if draft is not None or proposer is not None:
         with_speculation(decoder, mode)
     config = GenerationConfig(max_new_tokens=3, seed=seed, **setting)
     results = decoder.generate([PROMPT] * SAMPLES, config)
+    if lookup_used is not None:  # lookup tokens verified and accepted, summed over the rows
+        lookup_used += [sum(r.stats.cycles_by_source.get("lookup", 0) for r in results),
+                        sum(r.stats.accepted_by_source.get("lookup", 0) for r in results)]
     triples = np.array([r.tokens for r in results])
     return triples[:, 0] * VOCAB * VOCAB + triples[:, 1] * VOCAB + triples[:, 2]
 
@@ -133,6 +136,20 @@ def test_reduced_vocabulary_draft_sampling_matches_target_distribution(models, u
     assert pvalue > ALPHA, f"sampled distribution differs from the target's (p = {pvalue:.2e})"
 
 
+@pytest.mark.parametrize("proposer,mode", [("lookup", "always"), ("lookup", "auto"), ("hybrid", "random")])
+def test_lookup_sampling_matches_target_distribution(models, proposer, mode):
+    """A lookup token is a point-mass draft (q one-hot): accepted with the target's probability,
+    else the next token comes from p with it removed. The prompt repeats tokens, so lookup proposes."""
+    target, draft = models
+    setting = SETTINGS[3]
+    used = []
+    cells = sample_triples(target, draft if proposer == "hybrid" else None, setting, mode=mode, proposer=proposer,
+                           lookup_used=used)
+    assert used[0] > 0 and used[1] > 0, "no lookup token was verified and accepted: the test does not test lookup"
+    pvalue = chi_square_pvalue(cells, exact_joint(target, setting))
+    assert pvalue > ALPHA, f"sampled distribution differs from the target's (p = {pvalue:.2e})"
+
+
 def test_autoregressive_sampling_matches_target_distribution(models):
     target, _ = models
     setting = SETTINGS[2]
@@ -161,6 +178,18 @@ def test_the_test_rejects_broken_acceptance_rules(models, monkeypatch, broken_ru
     monkeypatch.setattr(engine_module, "sample_accept", broken_rule)
     pvalue = chi_square_pvalue(sample_triples(target, draft, setting, mode=mode), exact_joint(target, setting))
     assert pvalue < ALPHA, f"broken rule {broken_rule.__name__} was not detected (p = {pvalue:.2e})"
+
+
+@pytest.mark.parametrize("broken_rule", [accept_ignoring_q, resample_from_p])
+def test_the_test_rejects_broken_rules_for_lookup(models, monkeypatch, broken_rule):
+    """Ignoring q: a point mass's q is 1 at its token, so the acceptance test is the same but the
+    residual is all zero and the rule falls back on p (the second broken rule): both are caught."""
+    target, _ = models
+    setting = SETTINGS[0]
+    monkeypatch.setattr(engine_module, "sample_accept", broken_rule)
+    cells = sample_triples(target, None, setting, mode="always", proposer="lookup")
+    pvalue = chi_square_pvalue(cells, exact_joint(target, setting))
+    assert pvalue < ALPHA, f"broken rule {broken_rule.__name__} was not detected with lookup (p = {pvalue:.2e})"
 
 
 def test_greedy_and_sampled_rows_share_a_batch(models):
