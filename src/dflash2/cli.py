@@ -63,6 +63,10 @@ def _generate_parser(sub) -> None:
     p.add_argument("--speculate", default="auto", choices=("auto", "always", "never"),
                    help="auto (default): verify only the draft tokens that pay for themselves and fall back to plain "
                         "decoding when drafting does not pay; always: verify the whole block every cycle; never: plain")
+    p.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid"),
+                   help="where proposed tokens come from: draft (the draft model), lookup (what followed the latest "
+                        "tokens earlier in the prompt and output; loads no draft), hybrid (both, per row per cycle the "
+                        "one expected to commit more); default: the draft's, plain decoding with --no-draft")
     p.add_argument("--compare", action="store_true", help="also run the autoregressive baseline and compare")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
@@ -104,7 +108,7 @@ def cmd_generate(args) -> int:
     from dflash2.targets.chat import encode_messages, encode_prompt
 
     require((args.prompt is None) != (args.messages is None), "give exactly one of --prompt or --messages")
-    require(not (args.no_draft and args.block_size is not None),
+    require(not (args.no_draft and args.block_size is not None and args.proposer != "lookup"),
             "--block-size sets the draft's block, so it has no effect with --no-draft; drop one of them")
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, block_size=args.block_size, seed=args.seed)
@@ -113,7 +117,7 @@ def cmd_generate(args) -> int:
         require(args.prompt.strip() != "", "empty prompt: --prompt has no text")
     messages = read_messages(args.messages) if args.messages is not None else None
     plan = prepare_decoder(args.target, args.draft, args.device, args.dtype, args.no_draft, args.draft_dtype,
-                           args.speculate)
+                           args.speculate, args.proposer)
     chat = False if args.no_chat else None
     if messages is not None:
         ids = encode_messages(plan.tokenizer, messages, chat)
@@ -127,7 +131,7 @@ def cmd_generate(args) -> int:
         print(block_warning, file=sys.stderr)
     if not args.json:
         print(f"# target: {args.target} | draft: {pipe.draft_description}", file=sys.stderr)
-        if not pipe.trained_draft and not args.no_draft:
+        if not pipe.trained_draft and plan.proposer in ("draft", "hybrid"):
             print("# note: no trained draft ships for this target yet, so acceptance will be low; output is "
                   "still exactly the target's", file=sys.stderr)
     result = _run_streaming(pipe, ids, config, echo=not args.json)
@@ -203,7 +207,8 @@ def _report(pipe, result) -> dict:
         "drafts_verified_per_cycle": stats["mean_drafts_verified"], "draft_lengths": stats["draft_lengths"],
         "fallback_seconds": timing.plain_seconds, "histogram": stats["histogram"],
         "position_acceptance": stats["position_acceptance"], "phase_seconds": timing.phase_seconds,
-        "speculate": pipe.decoder.speculate, "draft": pipe.draft_description,
+        "speculate": pipe.decoder.speculate, "draft": pipe.draft_description, "proposer": pipe.decoder.proposer,
+        "cycles_by_source": stats["cycles_by_source"], "accepted_by_source": stats["accepted_by_source"],
     }
 
 
@@ -213,6 +218,10 @@ def _print_report(report: dict) -> None:
           f"acceptance length: {report['acceptance_length']:.2f} | {report['tokens_per_second']:.1f} tok/s")
     if report["plain_steps"]:
         print(f"plain steps (no draft): {report['plain_steps']} ({report['fallback_seconds']:.2f} s)")
+    if report["accepted_by_source"]:
+        sources = " ".join(f"{k} {report['accepted_by_source'][k]} in {n} cycles"
+                           for k, n in report["cycles_by_source"].items())
+        print(f"accepted proposed tokens: {sources}")
     if report["cycles"]:
         lengths = " ".join(f"{k}:{v}" for k, v in report["draft_lengths"].items())
         print(f"drafts verified per cycle: {report['drafts_verified_per_cycle']:.2f} (lengths {lengths})")

@@ -7,13 +7,16 @@ Contract:
   the target's Hugging Face config and tokenizer, not its weights.
 - `shipped_draft_path(target_name)`: the trained draft shipped in the package for a built-in
   target, or None.
-- `prepare_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate)` -> `DecoderPlan`:
-  every check that needs no target weights, in this order: the options (`--draft` with
-  `--no-draft` is refused), the draft (loaded and checked: config, weights headers, shapes,
+- `prepare_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate, proposer)` ->
+  `DecoderPlan`: every check that needs no target weights, in this order: the options (`--draft`
+  with `--no-draft` is refused, so is a draft-based `--proposer` with `--no-draft`), the draft (loaded and checked: config, weights headers, shapes,
   NaN / inf), the target's config and tokenizer, and whether the draft was made for this target
   ("this draft was made for a target with hidden size H, vocab V, L layers (e.g. the built-in X)").
   `plan.check_prompt(ids, config)` applies the engine's context rule with the plan's block size;
   `plan.load()` loads the target's weights and returns the `Pipeline`.
+- `proposer` (engine `PROPOSERS`): `lookup` loads no draft (prompt / n-gram lookup alone, with or
+  without `--no-draft`); `draft` and `hybrid` use the draft; None: `DEFAULT_PROPOSER` with a
+  draft, and plain decoding with `--no-draft` (the baseline keeps its meaning).
 - `load_decoder(...)` = `prepare_decoder(...).load()` -> `Pipeline` with the decoder, the
   tokenizer, the stop tokens and a one-line description of the draft in use ("untrained" when no
   trained draft exists for that target).
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder, check_context, effective_block_size
+from dflash2.decoding.engine import PROPOSERS, GenerationConfig, SpeculativeDecoder, check_context, effective_block_size
 from dflash2.decoding.policy import SPECULATE_MODES
 from dflash2.decoding.verifier import TargetAdapter, context_limit
 from dflash2.errors import DFlash2Error, require
@@ -37,6 +40,8 @@ from dflash2.model.shape import DEFAULT_SHAPE, DraftShape, target_text_config
 from dflash2.targets.builtin import (BUILTIN_TARGETS, TargetFiles, TargetShape, builtins_shaped, load_target_model,
                                      open_target)
 from dflash2.targets.chat import choose_mask_token, stop_token_ids
+
+DEFAULT_PROPOSER = "draft"   # with a draft; BENCHMARKS.md section "Lookup proposals" has the measurement
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -113,6 +118,7 @@ class DecoderPlan:
     draft_dtype: torch.dtype
     description: str
     trained: bool
+    proposer: str | None = None         # None: plain decoding (--no-draft)
 
     @property
     def tokenizer(self):
@@ -124,8 +130,11 @@ class DecoderPlan:
 
     def block_size(self, config: GenerationConfig) -> int:
         """The engine's block size rule for the draft `load()` will use (an untrained one: DEFAULT_SHAPE's)."""
-        draft = None if self.no_draft else self.draft.config if self.draft is not None else DEFAULT_SHAPE
-        return effective_block_size(draft, config)
+        if self.proposer is None:
+            return 1
+        if self.proposer == "lookup":
+            return effective_block_size(None, config, "lookup")
+        return effective_block_size(self.draft.config if self.draft is not None else DEFAULT_SHAPE, config, self.proposer)
 
     def check_prompt(self, ids: list[int], config: GenerationConfig) -> None:
         """The engine's context rule, before the target's weights load."""
@@ -135,24 +144,36 @@ class DecoderPlan:
         model = load_target_model(self.target, self.device, self.dtype)
         tokenizer = self.target.tokenizer
         stops = stop_token_ids(tokenizer, model.config)
-        if self.no_draft:
+        if self.proposer is None:
             return Pipeline(SpeculativeDecoder(TargetAdapter(model)), tokenizer, stops, "none (autoregressive)", False)
+        if self.proposer == "lookup":
+            decoder = SpeculativeDecoder(TargetAdapter(model), speculate=self.speculate, proposer="lookup")
+            return Pipeline(decoder, tokenizer, stops, "none (lookup proposals)", False)
         draft = self.draft if self.draft is not None else new_draft(model.config, tokenizer)
         draft = draft.to(device=self.device, dtype=self.draft_dtype)
         kind = "DFlash2" if draft.config.is_dflash2 else "DFlash v1"
         adapter = TargetAdapter(model, draft.config.target_layer_ids)
-        return Pipeline(SpeculativeDecoder(adapter, draft, speculate=self.speculate), tokenizer, stops,
+        return Pipeline(SpeculativeDecoder(adapter, draft, speculate=self.speculate, proposer=self.proposer), tokenizer, stops,
                         f"{self.description} [{kind}, {str(self.draft_dtype).removeprefix('torch.')}]", self.trained)
 
 
 def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: str = "cpu",
                     dtype: str = "float32", no_draft: bool = False, draft_dtype: str = "auto",
-                    speculate: str = "auto") -> DecoderPlan:
+                    speculate: str = "auto", proposer: str | None = None) -> DecoderPlan:
     """Check the options, load the draft (refusing bad weights) and the target's config and
     tokenizer, and check that the draft fits the target: every input check that needs no target
     weights, so bad input fails in well under a second instead of after the target loads."""
     require(speculate in SPECULATE_MODES, f"--speculate must be one of {', '.join(SPECULATE_MODES)}, got '{speculate}'")
     require(not (no_draft and draft is not None), "give at most one of --draft and --no-draft")
+    require(proposer is None or proposer in PROPOSERS,
+            f"--proposer must be one of {', '.join(PROPOSERS)}, got '{proposer}'")
+    require(not (no_draft and proposer in ("draft", "hybrid")),
+            f"--proposer {proposer} needs a draft, and --no-draft asks for none; drop one of them")
+    require(not (proposer == "lookup" and draft is not None),
+            "--proposer lookup uses no draft, so --draft has no effect; drop one of them")
+    if proposer is None:
+        proposer = None if no_draft else DEFAULT_PROPOSER
+    no_draft = no_draft or proposer == "lookup"
     torch_dtype = parse_dtype(dtype)
     draft_torch_dtype = draft_dtype_for(draft_dtype, device, torch_dtype)
     require(device == "cpu" or device.startswith("cuda") or device == "mps", f"unknown device '{device}'")
@@ -170,11 +191,13 @@ def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: s
             description, trained = f"shipped {shipped.name}", True
     if draft_model is not None:
         check_draft_fits(draft_model.config, files, draft or description)
+    if proposer == "lookup":
+        description = "none (lookup proposals)"
     return DecoderPlan(files, device, torch_dtype, speculate, no_draft, draft_model, draft_torch_dtype, description,
-                       trained)
+                       trained, proposer)
 
 
 def load_decoder(target: str = "smollm2", draft: str | None = None, device: str = "cpu",
                  dtype: str = "float32", no_draft: bool = False, draft_dtype: str = "auto",
-                 speculate: str = "auto") -> Pipeline:
-    return prepare_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate).load()
+                 speculate: str = "auto", proposer: str | None = None) -> Pipeline:
+    return prepare_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate, proposer).load()

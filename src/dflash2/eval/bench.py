@@ -278,7 +278,7 @@ def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
     model = bench.model
     settings = {"target": model.target_label,
                 "draft": pipe.draft_description, "trained_draft": pipe.trained_draft, "block_size": block,
-                "speculate": pipe.decoder.speculate,
+                "speculate": pipe.decoder.speculate, "proposer": pipe.decoder.proposer,
                 "datasets": list(conversations), "num_prompts": bench.num_prompts,
                 "max_new_tokens": bench.max_new_tokens, "temperature": bench.temperature, "top_p": bench.top_p,
                 "top_k": bench.top_k, "concurrency": list(concurrency), "repeats": bench.repeats, "device": model.device, "dtype": model.dtype,

@@ -156,10 +156,21 @@ def summarize(sides: list[Side], block: int) -> dict:
         "drafts_verified_per_cycle": verified / cycles if cycles else None,
         "draft_lengths": dict(sorted(lengths.items())),
         "plain_steps": sum(s.plain_steps for s in stats),
+        "cycles_by_source": _by_source(s.cycles_by_source for s in stats),
+        "accepted_by_source": _by_source(s.accepted_by_source for s in stats),
         "fallback_seconds": sum(t.plain_seconds for t in batches),
         "speculation_overhead": speculation_overhead(stats, batches),
         "phase_seconds": phases,
     }
+
+
+def _by_source(counts) -> dict[str, int]:
+    """Per-source counts summed over rows."""
+    total: dict[str, int] = {}
+    for row in counts:
+        for source, n in row.items():
+            total[source] = total.get(source, 0) + n
+    return total
 
 
 def speculation_overhead(stats: list[RowStats], batches: list[BatchTiming]) -> float | None:

@@ -76,12 +76,13 @@ class ModelSettings:
     threads: int | None = None    # torch CPU threads; None = torch's choice
     speculate: str = "auto"       # auto | always | never
     tiny: bool = False            # random tiny models (tests)
+    proposer: str | None = None   # draft | lookup | hybrid; None: the pipeline's default
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ModelSettings":
         """The options of `add_model_arguments`, checked."""
         settings = cls(args.target, args.draft, args.device, args.dtype, args.seed, args.threads, args.speculate,
-                       args.tiny)
+                       args.tiny, getattr(args, "proposer", None))
         require(settings.threads is None or settings.threads > 0, f"--threads must be positive, got {settings.threads}")
         return settings
 
@@ -96,7 +97,8 @@ def build_pipeline(model: ModelSettings) -> Pipeline:
     if model.tiny:
         torch.manual_seed(model.seed)
         return tiny_pipeline(model.seed, model.speculate)
-    return load_decoder(model.target, model.draft, model.device, model.dtype, speculate=model.speculate)
+    return load_decoder(model.target, model.draft, model.device, model.dtype, speculate=model.speculate,
+                        proposer=model.proposer)
 
 
 def add_model_arguments(parser) -> None:
@@ -112,6 +114,8 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--speculate", default="auto", choices=("auto", "always", "never"),
                         help="auto (default): adaptive draft length and fallback to plain decoding when drafting "
                              "does not pay; always: the whole block every cycle")
+    parser.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid"),
+                        help="where proposed tokens come from (default: the draft); lookup loads no draft")
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
 
 
