@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Quick start, command 1: speculative generation on the built-in default target and draft,
-# compared side by side with plain autoregressive decoding of the same target.
+# compared side by side with plain autoregressive decoding of the same target: first a chat
+# prompt, then an input-grounded one (a given text to edit), where lookup proposals (the tokens
+# that followed the latest ones earlier in the prompt) verify beside the draft's (--proposer hybrid).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh
 export HF_HUB_OFFLINE=1
-exec .venv/bin/dflash2 generate --compare \
+.venv/bin/dflash2 generate --compare \
   --prompt "${DFLASH2_PROMPT:-Explain in three sentences why the sky is blue.}" \
+  --max-new-tokens "${DFLASH2_MAX_NEW_TOKENS:-128}" "$@"
+echo
+exec .venv/bin/dflash2 generate --compare --proposer hybrid \
+  --prompt "${DFLASH2_GROUNDED_PROMPT:-Correct the spelling in this text and return it whole: The quarterly reveiw meeting has moved from Thursday to Friday at 10:00 in room 4B. Please bring the updated sales figures for the northern region and the draft budget for next year. Lunch will be provided after the meeting.}" \
   --max-new-tokens "${DFLASH2_MAX_NEW_TOKENS:-128}" "$@"

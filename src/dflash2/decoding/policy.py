@@ -11,16 +11,27 @@ Contract:
   a fallback: its length is chosen optimistically, to learn what the draft is worth).
 - `drafted(b, seconds)`: the draft pass just ran and took `seconds` (known before the length is
   chosen, so even the first choice weighs it).
-- `choose_length(b, confidence, greedy, block, probe)` -> number of drafts to verify (0..block-1),
-  chosen to maximise expected committed tokens per second:
-      rate(k) = sum_r E_r(k) / (t_draft(b) + t_verify(b, k + 1) + t_host),
-      E_r(k) = 1 + sum_{i<=k} prod_{j<=i} a_{r,j},
-  where a_{r,j} is the calibrated probability that draft j of row r is accepted given drafts
-  1..j-1 were (`AcceptanceModel`, from the draft's own confidence in the token; in a probe its
-  optimistic bound, mean + `optimism` standard deviations), and the times come from `costs`
-  (`decoding.costs.CostModel`). Plain decoding's rate is b / (t_verify(b, 1) + t_host).
-- Falling back: at once when the best length is 0 or, in a probe, when even the optimistic best
-  rate is below plain decoding's (the draft pass was the only cost: nothing is verified), when the
+- `choose(b, offer, block, probe)` -> `Choice`: given the `Offer` (per row, each source's
+  confidence in its tokens: the draft's when its pass ran, lookup's when there is a lookup
+  proposer), the room k for drafts in this cycle's pass (0..block-1) and, per row, the source and
+  number of its tokens to verify, chosen to maximise expected committed tokens per second:
+      rate(k) = sum_r max_s E_{r,s}(min(k, T_{r,s})) / (t_draft(b) + t_verify(b, k + 1) + t_host),
+      E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j,
+  where a_{r,s,j} is the calibrated probability that token j of source s for row r is accepted
+  given tokens 1..j-1 were (`AcceptanceModel`, one table per source, from the source's own
+  confidence; the draft's in a probe and lookup's always at an optimistic bound, mean +
+  `optimism` standard deviations, so that they are tried), t_draft only when the draft pass ran,
+  and the times from `costs` (`decoding.costs.CostModel`). Plain decoding's rate is
+  b / (t_verify(b, 1) + t_host). Rows of one pass may verify different sources and lengths: each
+  row's block is its own. `choose_length(b, confidence, greedy, block, probe)` is `choose` for
+  the draft alone. A sampled row's draft confidence is never seen (`Offer.of`): a choice that
+  depends on a random draw biases the output.
+- `worth_drafting(b, offer, block)`: with the lookup offer in hand, before the draft pass, whether
+  the draft at its usual yield (a moving average of its k and expected tokens a row) beats the
+  lookup alone, pass included.
+- Falling back (the draft pass only; lookup costs no pass and is chosen cycle by cycle): at once
+  when the best length is 0 or, in a probe, when even the optimistic best rate is below the best
+  rate without the draft (lookup alone, or plain decoding) (the draft pass was the only cost: nothing is verified), when the
   best rate stays below plain decoding's for `patience` cycles, or when a probe, judged with what
   it measured, did not pay. A fallback lasts long enough that what the failed speculation lost,
   the cycle's time beyond that of plain steps committing its expected tokens, is at most
@@ -28,8 +39,8 @@ Contract:
   (up to `max_backoff`) and returns to `min_backoff` once speculation pays. So a draft that never
   pays costs at most `budget` of plain decoding's time after its first probe.
 - `fresh()`: a policy with the same settings and cost model that has learned nothing of the draft.
-- `observe(...)` feeds back what a cycle did: the acceptance per row (calibration) and the
-  measured times (costs).
+- `observe(record)` feeds back what a cycle did (`CycleRecord`): the acceptance per row and source
+  (calibration) and the measured times (costs).
 All numbers are plain Python floats: the policy changes what is verified, never what is output
 (acceptance is exact for any number of verified drafts).
 """

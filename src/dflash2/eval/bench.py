@@ -267,7 +267,8 @@ def load_bench_conversations(settings: BenchSettings) -> dict:
 def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
     out = Path(bench.output)
     out.mkdir(parents=True, exist_ok=True)
-    require(pipe.decoder.draft is not None, "bench needs a draft (the autoregressive baseline is built from the target)")
+    require(pipe.decoder.proposer is not None,
+            "bench needs a proposer (a draft, or --proposer lookup): the autoregressive baseline is built from the target")
     conversations = load_bench_conversations(bench)
     config = bench.generation(pipe.stop_token_ids)
     config.validate()

@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-dtype", default=d.draft_dtype)
     p.add_argument("--speculate", default=d.speculate, choices=("auto", "always", "never"),
                    help="auto: verify only the drafts that pay and fall back to plain decoding; always; never")
+    p.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid"),
+                   help="where proposed tokens come from: draft, lookup (the request's own text and recent "
+                        "requests'; loads no draft), hybrid (both, per row and cycle); default: the draft")
     p.add_argument("--host", default=d.host, help="address to listen on (default loopback only)")
     p.add_argument("--port", type=int, default=d.port, help="port (0: any free port)")
     p.add_argument("--model-name", help="model id clients send (default: the target's name)")
@@ -65,7 +68,7 @@ def parse_settings(argv: list[str]) -> ServeSettings:
     a = build_parser().parse_args(argv)
     settings = ServeSettings(
         target=a.target, draft=a.draft, no_draft=a.no_draft, device=a.device, dtype=a.dtype,
-        draft_dtype=a.draft_dtype, speculate=a.speculate, tiny=a.tiny, host=a.host, port=a.port,
+        draft_dtype=a.draft_dtype, speculate=a.speculate, proposer=a.proposer, tiny=a.tiny, host=a.host, port=a.port,
         model_name=a.model_name, max_batch=a.max_batch, max_queue=a.max_queue, retry_after_s=a.retry_after,
         api_key=a.api_key, drain_timeout_s=a.drain_timeout, log_level=a.log_level.lower(),
         access_log=a.access_log, threads=a.threads,
@@ -102,8 +105,12 @@ def load_pipeline(settings: ServeSettings):
         return tiny_pipeline(0, "never" if settings.no_draft else settings.speculate)
     from dflash2.pipeline import load_decoder
 
-    return load_decoder(settings.target, settings.draft, settings.device, settings.dtype, settings.no_draft,
-                        settings.draft_dtype, settings.speculate)
+    from dflash2.decoding.lookup import SuffixStore
+
+    pipeline = load_decoder(settings.target, settings.draft, settings.device, settings.dtype, settings.no_draft,
+                            settings.draft_dtype, settings.speculate, settings.proposer)
+    pipeline.decoder.suffix_store = SuffixStore()   # lookup proposals from recent requests too (bounded)
+    return pipeline
 
 
 def make_server(pipeline, settings: ServeSettings):
