@@ -257,3 +257,18 @@ def test_training_prompts_deterministic(monkeypatch):
     assert next(c for c in first if c.id == "long").turns == ["Explain recursion."]
     with pytest.raises(DFlash2Error, match="valid sources: sharegpt"):
         training_prompts(sources=("nope",))
+
+
+def test_the_grounded_set_loads_as_a_prompt_file():
+    """The project's own input-grounded prompts: 40, each carrying its licence, every task kind present."""
+    import json
+
+    path = resources.files("dflash2").joinpath("data", "benchmarks", "grounded.jsonl")
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    conversations = prompts.load_prompt_file(str(path))
+    assert len(records) == len(conversations) == 40
+    assert all(r["license"].startswith("Apache-2.0") for r in records)
+    assert {"edit", "summarise", "extract", "answer", "refactor"} <= {r["category"] for r in records}
+    assert all(c.prompt == r["prompt"] for c, r in zip(conversations, records))
+    text = resources.files("dflash2").joinpath("data", "benchmarks", "LICENSES.md").read_text()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() in text

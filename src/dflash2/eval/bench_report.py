@@ -17,7 +17,7 @@ def render_markdown(results: dict) -> str:
     s = results["settings"]
     c0 = s["concurrency"][0]
     lines = [f"# dflash2 bench: {s['target']}\n",
-             f"- draft: {s['draft']}{'' if s['trained_draft'] else ' (untrained: expect tau near 1)'}",
+             f"- draft: {s['draft']}{'' if s['trained_draft'] or s.get('proposer') == 'lookup' else ' (untrained: expect tau near 1)'}",
              f"- {len(s['datasets'])} datasets, {s['num_prompts']} prompts each, max {s['max_new_tokens']} new tokens, "
              f"T={s['temperature']}, top-p {s['top_p']}, top-k {s['top_k']}, block {s['block_size']}, "
              f"{s['device']} {s['dtype']}, seed {s['seed']}",
