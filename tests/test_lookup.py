@@ -227,3 +227,15 @@ def test_proposer_needs_what_it_names(tiny_models):
     assert SpeculativeDecoder(TargetAdapter(target)).speculate == "never"      # no proposer: the baseline
     lookup = SpeculativeDecoder(TargetAdapter(target), proposer="lookup", speculate="never")
     assert lookup.block_size(GenerationConfig()) == 1 and lookup.session().lookup is None
+
+
+@pytest.mark.parametrize("options,message", [
+    (dict(no_draft=True, proposer="hybrid"), "--proposer hybrid needs a draft"),
+    (dict(draft="some/dir", proposer="lookup"), "--proposer lookup uses no draft"),
+    (dict(proposer="ngram"), "--proposer must be one of"),
+])
+def test_proposer_options_are_checked_before_anything_loads(options, message):
+    from dflash2.pipeline import prepare_decoder
+
+    with pytest.raises(DFlash2Error, match=message):
+        prepare_decoder("no-such-target", **options)     # the target is never opened
