@@ -35,7 +35,7 @@ from dflash2.decoding.sampling import RowSampling
 from dflash2.decoding.stats import BatchTiming, Commit, RowStats
 from dflash2.decoding.target import TargetAdapter
 from dflash2.decoding.timing import Stopwatch
-from dflash2.errors import require
+from dflash2.errors import ContextLimitError, require
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.rng import ACCEPT, TOKEN, row_seed, sample_from, uniforms
 
@@ -68,9 +68,8 @@ class GenerationConfig:
 def check_context(prompt_tokens: int, config: GenerationConfig, block: int, limit: int) -> None:
     """The context rule: prompt + max_new_tokens + block size (the last cycle's drafts) must fit in
     the target's `limit` positions (a one-line `DFlash2Error` giving the whole sum)."""
-    require(prompt_tokens + config.max_new_tokens + block <= limit,
-            f"prompt of {prompt_tokens} tokens + max_new_tokens {config.max_new_tokens} + block size {block} = "
-            f"{prompt_tokens + config.max_new_tokens + block} exceeds the target's context limit of {limit} tokens")
+    if prompt_tokens + config.max_new_tokens + block > limit:
+        raise ContextLimitError(prompt_tokens, config.max_new_tokens, block, limit)
 
 
 def effective_block_size(draft_config, config: GenerationConfig) -> int:
@@ -203,6 +202,12 @@ class DecodeSession:
 
     def cancel(self, key: int) -> None:
         self._cancelled.add(key)
+
+    def discard(self) -> None:
+        """Drop every row and the batch state behind them (the target's cache), e.g. after a
+        failed step; the decoder's next session starts clean."""
+        self.rows, self._pending, self.anchors, self.sampling = [], [], None, None
+        self.target.reset()
 
     # ------------------------------------------------------------------ one step
     def step(self) -> list[Event]:
