@@ -21,7 +21,7 @@ import socket
 import sys
 
 from dflash2.argparsing import OneLineParser
-from dflash2.errors import DFlash2Error
+from dflash2.errors import DFlash2Error, require
 from dflash2.serve.settings import API_KEY_ENV, RequestDefaults, ServeSettings
 
 
@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV})")
     p.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s,
                    help="on SIGTERM, seconds the requests in flight may take to finish")
+    p.add_argument("--max-request-mb", type=float, default=d.max_request_bytes / 2**20,
+                   help="largest request body in MiB; a larger one gets 413")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--log-level", default=d.log_level)
     p.add_argument("--access-log", action="store_true", help="log every request")
@@ -67,11 +69,17 @@ def parse_settings(argv: list[str]) -> ServeSettings:
         target=a.target, draft=a.draft, no_draft=a.no_draft, device=a.device, dtype=a.dtype,
         draft_dtype=a.draft_dtype, speculate=a.speculate, tiny=a.tiny, host=a.host, port=a.port,
         model_name=a.model_name, max_batch=a.max_batch, max_queue=a.max_queue, retry_after_s=a.retry_after,
-        api_key=a.api_key, drain_timeout_s=a.drain_timeout, log_level=a.log_level.lower(),
+        api_key=a.api_key, drain_timeout_s=a.drain_timeout,
+        max_request_bytes=_mebibytes(a.max_request_mb), log_level=a.log_level.lower(),
         access_log=a.access_log, threads=a.threads,
         defaults=RequestDefaults(a.max_tokens, a.temperature, a.top_p, a.top_k, a.seed))
     settings.validate()
     return settings
+
+
+def _mebibytes(value: float) -> int:
+    require(math.isfinite(value) and value > 0, f"--max-request-mb must be a positive number, got {value:g}")
+    return int(value * 2**20)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -107,14 +115,9 @@ def load_pipeline(settings: ServeSettings):
 
 
 def make_server(pipeline, settings: ServeSettings):
-    import uvicorn
+    from dflash2.serve.server import make_server as make  # uvicorn and FastAPI load only once the options are good
 
-    from dflash2.serve.app import create_app
-
-    config = uvicorn.Config(create_app(pipeline, settings), log_level=settings.log_level,
-                            access_log=settings.access_log, lifespan="on",
-                            timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s))
-    return uvicorn.Server(config)
+    return make(pipeline, settings)
 
 
 def run_server(pipeline, settings: ServeSettings, sock: socket.socket) -> None:
