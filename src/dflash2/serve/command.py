@@ -5,7 +5,8 @@ listening socket before anything is loaded (a bad option or a busy port is one `
 line, exit 2, via `dflash2.cli`), then loads the target and draft (`--tiny`, hidden: the tiny
 random test models), prints one line `dflash2 serve: http://HOST:PORT ...` on stderr and serves
 until SIGINT or SIGTERM. SIGTERM drains: no new connections, the requests in flight finish
-(up to `--drain-timeout` seconds), then the process exits with status 0.
+(up to `--drain-timeout` seconds; those still open then end with a 503 error, in a stream an
+`error` event), then the process exits with status 0.
 
 `run_server(pipeline, settings, sock)` serves an already loaded pipeline on an open socket
 (tests start it in a thread); `bind(host, port)` opens that socket (port 0: a free port).
