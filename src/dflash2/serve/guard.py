@@ -97,8 +97,7 @@ class Guard:
             log.warning("%s %s cut by the server shutting down", scope["method"], scope["path"])
             await self._end(outcome, watched_send, None)
         except Exception as err:  # noqa: BLE001 - the last line of defence: log it, answer 500, keep the connection
-            if not outcome.complete:
-                log.exception("unexpected error in %s %s", scope["method"], scope["path"])
+            log.exception("unexpected error in %s %s", scope["method"], scope["path"])
             await self._end(outcome, watched_send, err)
         finally:
             status = outcome.final or outcome.sent or 499

@@ -128,11 +128,16 @@ class Job:
         return self.prompt + self.output, config
 
 
+def _as_list(ids) -> list[int]:
+    """The ids as a list, copied only when they are not one (a copy of a huge prompt holds the GIL)."""
+    return ids if isinstance(ids, list) else list(ids)
+
+
 def encode_request(request: ApiRequest, tokenizer, vocab_size: int) -> list[int]:
     """The prompt's token ids, or ApiError 400."""
     try:
         if request.kind == "chat":
-            return list(encode_messages(tokenizer, [dict(m) for m in request.messages]))
+            return _as_list(encode_messages(tokenizer, [dict(m) for m in request.messages]))
         if request.prompt_ids is not None:
             bad = next((t for t in request.prompt_ids if not 0 <= t < vocab_size), None)
             if bad is not None:
@@ -140,7 +145,7 @@ def encode_request(request: ApiRequest, tokenizer, vocab_size: int) -> list[int]
             return list(request.prompt_ids)
         if not request.prompt_text:
             raise bad_request("'prompt' must not be empty.", "prompt")
-        return list(tokenizer(request.prompt_text)["input_ids"])
+        return _as_list(tokenizer(request.prompt_text)["input_ids"])
     except DFlash2Error as err:
         raise bad_request(str(err), "messages" if request.kind == "chat" else "prompt") from None
 
