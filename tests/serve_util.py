@@ -46,14 +46,14 @@ class PoisonTarget(TargetAdapter):
         return super().add_rows(prompts)
 
 
-def tiny_serving_pipeline(speculate: str = "always", poison: bool = False, max_chars: int = 40) -> Pipeline:
+def tiny_serving_pipeline(speculate: str = "always", poison: bool = False) -> Pipeline:
     """The `--tiny` models (`benchkit.tiny_pipeline`, seed 0), optionally with `PoisonTarget` and
-    `PoisonTokenizer`; the tokenizer keeps the last `max_chars` characters of a text (encoding them all)."""
+    `PoisonTokenizer`."""
     target = tiny_target("llama", seed=0)
     draft = tiny_draft(target, seed=0)
     adapter = (PoisonTarget if poison else TargetAdapter)(target, draft.config.target_layer_ids)
     decoder = SpeculativeDecoder(adapter, draft, speculate=speculate)
-    tokenizer = (PoisonTokenizer if poison else TinyTokenizer)(target.config.vocab_size, max_chars)
+    tokenizer = (PoisonTokenizer if poison else TinyTokenizer)(target.config.vocab_size)
     return Pipeline(decoder, tokenizer, (), "tiny random DFlash2 draft [DFlash2]", False)
 
 
