@@ -21,7 +21,6 @@ import pytest
 from dflash2.decoding.engine import GenerationConfig
 from dflash2.errors import ContextLimitError
 from dflash2.eval.benchkit import TinyTokenizer
-from dflash2.serve.settings import ServeSettings
 from serve_util import API_KEY, POISON_TEXT, LiveServer, reference, start_server_process, tiny_serving_pipeline
 
 STREAM_TOKENS = 150
@@ -181,11 +180,13 @@ def test_request_size_limit_is_413_with_an_openai_error(live):
     assert head.startswith(b"HTTP/1.1 413") and b"connection: close" in head.lower()
 
 
-def test_bad_limit_option_fails_in_one_line():
-    from dflash2.errors import DFlash2Error
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "0.0001"])
+def test_a_bad_limit_fails_in_one_line(value, capsys):
+    from dflash2.cli import main
 
-    with pytest.raises(DFlash2Error, match="--max-request-mb"):
-        ServeSettings(max_request_bytes=10).validate()
+    assert main(["serve", "--tiny", "--max-request-mb", value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --max-request-mb") and err.count("\n") == 1
 
 
 def test_a_20_mb_body_while_16_streams_run():
