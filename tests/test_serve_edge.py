@@ -165,13 +165,16 @@ def test_request_size_limit_is_413_with_an_openai_error(live):
     assert info.value.status_code == 413
     assert info.value.body["type"] == "invalid_request_error" and info.value.body["code"] == "request_too_large"
     assert "65536 bytes" in info.value.body["message"] and "--max-request-mb" in info.value.body["message"]
-    # no Content-Length (chunked): counted as it arrives; the connection survives either way
+    # by Content-Length (refused before it is read) or, without one (chunked), counted as it
+    # arrives; the connection survives either way
     with httpx.Client(base_url=live.url, headers=AUTH, timeout=30) as http:
+        declared = http.post("/v1/completions", content=_body(prompt="x" * 70_000))
+        assert declared.status_code == 413 and declared.json()["error"]["code"] == "request_too_large"
         chunked = http.post("/v1/completions", content=iter([b'{"prompt": "', b"x" * 40_000, b"x" * 40_000, b'"}']))
         assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "request_too_large"
         assert "content-length" not in chunked.request.headers
         again = http.post("/v1/completions", content=_body(prompt="y" * 60_000))   # just under the limit
-        assert again.status_code == 200 and local_address(again) == local_address(chunked)
+        assert again.status_code == 200 and local_address(again) == local_address(chunked) == local_address(declared)
     # a body declared far too large is refused before any of it is sent
     with socket.create_connection(live.sock.getsockname()[:2], timeout=10) as raw:
         raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

@@ -34,7 +34,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dflash2.serve.generation import CHAT, COMPLETIONS, Encoders, Generation, OpenRequests, error_response
-from dflash2.serve.guard import Guard
+from dflash2.serve.guard import Guard, internal_error
 from dflash2.serve.metrics import CONTENT_TYPE, ServerMetrics
 from dflash2.serve.protocol import ApiError
 from dflash2.serve.scheduler import Scheduler
@@ -96,7 +96,7 @@ def create_app(pipeline, settings: ServeSettings) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, err: Exception):  # logged by the Guard, which it reaches next
-        return error_response(ApiError(500, f"Internal server error: {type(err).__name__}: {err}"))
+        return error_response(internal_error(err))
 
     @app.post(CHAT)
     async def chat_completions(request: Request):

@@ -49,6 +49,12 @@ def too_large(limit: int) -> ApiError:
                          f"({limit / 2**20:g} MiB, --max-request-mb).", code="request_too_large")
 
 
+def internal_error(err: Exception) -> ApiError:
+    """The 500 for an unexpected exception: its type and the first line of its message."""
+    first = str(err).splitlines()[0] if str(err) else ""
+    return ApiError(500, f"Internal server error: {type(err).__name__}: {first}")
+
+
 def _content_length(scope: dict) -> int | None:
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
@@ -117,7 +123,7 @@ class Guard:
         its last (empty) chunk; nothing if it is already complete or the client is gone."""
         try:
             if outcome.sent is None and err is not None:
-                await self._reply(send, ApiError(500, f"Internal server error: {type(err).__name__}: {err}"))
+                await self._reply(send, internal_error(err))
             elif outcome.sent is not None and not outcome.complete:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except Exception:  # noqa: BLE001 - the client went away meanwhile: nothing left to tell it
