@@ -1,7 +1,8 @@
 """A request as the scheduler sees it, and what it sends back.
 
 Contract:
-- `build_job(request, pipeline, defaults, sink, text_tokenizer)` turns a parsed `ApiRequest` into
+- `build_job(request, pipeline, defaults, sink, text_tokenizer, tokenizer)` (run in an encoder
+  thread, `tokenizer` that thread's own copy) turns a parsed `ApiRequest` into
   a `Job`: the prompt encoded (chat: `targets.chat.encode_messages`, the chat template when the
   tokenizer has one, else the contents joined; completion: the text as the tokenizer encodes it,
   or the given ids), and a `GenerationConfig` from the request with the server defaults for what
