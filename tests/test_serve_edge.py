@@ -281,6 +281,10 @@ def test_drain_cut_ends_streams_with_an_error_event(tmp_path):
         with ThreadPoolExecutor(2) as pool:
             stream_job, wait_job = pool.submit(streamed), pool.submit(waiting)
             going.wait(timeout=60)
+            deadline = time.time() + 60
+            while httpx.get(url + "/health", timeout=10).json()["running"] < 2:   # both are decoding
+                assert time.time() < deadline
+                time.sleep(0.05)
             proc.send_signal(signal.SIGTERM)
             got, cut = stream_job.result(timeout=60)
             refused = wait_job.result(timeout=60)
