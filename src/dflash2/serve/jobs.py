@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
+from dflash2.decoding.context import context_room
 from dflash2.decoding.engine import GenerationConfig
 from dflash2.errors import DFlash2Error
 from dflash2.serve.protocol import ApiError, ApiRequest, bad_request
@@ -160,7 +161,7 @@ def build_job(request: ApiRequest, pipeline, defaults: RequestDefaults, sink: Ca
         seed=seed if seed is not None else secrets.randbits(63),
         stop_token_ids=tuple(pipeline.stop_token_ids))
     if request.max_tokens is None:  # the default, but never more than fits
-        room = decoder.target.max_positions - len(prompt) - decoder.block_size(config)
+        room = context_room(len(prompt), decoder.block_size(config), decoder.target.max_positions)
         if room >= 1:
             config.max_new_tokens = min(config.max_new_tokens, room)
     try:
