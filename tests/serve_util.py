@@ -13,11 +13,10 @@ import httpx
 
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.verifier import TargetAdapter
-from dflash2.eval.benchkit import TinyTokenizer
 from dflash2.pipeline import Pipeline
 from dflash2.serve.command import bind, make_server, url_of
 from dflash2.serve.settings import ServeSettings
-from dflash2.targets.tiny import tiny_draft, tiny_target
+from dflash2.targets.tiny import TinyTokenizer, tiny_draft, tiny_target
 
 API_KEY = "sk-test-dflash2"
 POISON = 126   # a prompt holding this token id makes the target fail (TinyTokenizer never writes it
@@ -47,7 +46,7 @@ class PoisonTarget(TargetAdapter):
 
 
 def tiny_serving_pipeline(speculate: str = "always", poison: bool = False) -> Pipeline:
-    """The `--tiny` models (`benchkit.tiny_pipeline`, seed 0), optionally with `PoisonTarget` and
+    """The `--tiny` models (`pipeline.tiny_pipeline`, seed 0), optionally with `PoisonTarget` and
     `PoisonTokenizer`."""
     target = tiny_target("llama", seed=0)
     draft = tiny_draft(target, seed=0)

@@ -20,7 +20,7 @@ import pytest
 
 from dflash2.decoding.engine import GenerationConfig
 from dflash2.errors import ContextLimitError
-from dflash2.eval.benchkit import TinyTokenizer
+from dflash2.targets.tiny import TinyTokenizer
 from serve_util import API_KEY, POISON_TEXT, LiveServer, reference, start_server_process, tiny_serving_pipeline
 
 STREAM_TOKENS = 150

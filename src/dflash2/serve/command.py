@@ -21,7 +21,9 @@ import signal
 import socket
 import sys
 
-from dflash2.argparsing import OneLineParser
+import torch
+
+from dflash2.argparsing import OneLineParser, run_command
 from dflash2.errors import DFlash2Error, require
 from dflash2.serve.settings import API_KEY_ENV, RequestDefaults, ServeSettings
 
@@ -101,16 +103,14 @@ def url_of(sock: socket.socket) -> str:
 
 
 def load_pipeline(settings: ServeSettings):
-    import torch
+    # the targets and the draft's model code (seconds) load here, after the options are checked and the
+    # socket is claimed, so a bad option or a busy port answers at once
+    from dflash2.pipeline import load_decoder, tiny_pipeline
 
     if settings.threads:
         torch.set_num_threads(settings.threads)
     if settings.tiny:
-        from dflash2.eval.benchkit import tiny_pipeline
-
         return tiny_pipeline(0, "never" if settings.no_draft else settings.speculate)
-    from dflash2.pipeline import load_decoder
-
     return load_decoder(settings.target, settings.draft, settings.device, settings.dtype, settings.no_draft,
                         settings.draft_dtype, settings.speculate)
 
@@ -142,6 +142,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from dflash2.cli import main as dflash2_main
-
-    sys.exit(dflash2_main(["serve", *sys.argv[1:]]))
+    sys.exit(run_command(main))

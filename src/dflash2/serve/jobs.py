@@ -27,6 +27,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
+from dflash2.decoding.context import context_room
 from dflash2.decoding.engine import GenerationConfig
 from dflash2.errors import ContextLimitError, DFlash2Error
 from dflash2.serve.protocol import ApiError, ApiRequest, bad_request
@@ -174,9 +175,11 @@ def build_job(request: ApiRequest, pipeline, defaults: RequestDefaults, sink: Ca
         stop_token_ids=tuple(pipeline.stop_token_ids))
     _check_fields(config, request)
     where = "messages" if request.kind == "chat" else "prompt"
+    if request.max_tokens is None:  # the default, but never more than fits
+        room = context_room(len(prompt), decoder.block_size(config), decoder.target.max_positions)
+        if room >= 1:
+            config.max_new_tokens = min(config.max_new_tokens, room)
     try:
-        if request.max_tokens is None:  # the default, but never more than fits
-            _cap_to_context(decoder, prompt, config)
         decoder.check([prompt], config)
     except ContextLimitError as err:
         field = request.max_tokens_field
@@ -203,13 +206,3 @@ def _check_fields(config: GenerationConfig, request: ApiRequest) -> None:
             detail = str(err)
             detail = detail[len(name):] if detail.startswith(name + " ") else ": " + detail
             raise bad_request(f"'{shown}'{detail}.", shown) from None
-
-
-def _cap_to_context(decoder, prompt: list[int], config: GenerationConfig) -> None:
-    """Lower `config.max_new_tokens` to the room the engine's context rule leaves (if any)."""
-    try:
-        decoder.check([prompt], config)
-    except ContextLimitError as err:
-        room = err.limit - err.prompt_tokens - err.block
-        if room >= 1:
-            config.max_new_tokens = room

@@ -57,7 +57,7 @@ class ServeSettings:
     dtype: str = "float32"
     draft_dtype: str = "auto"
     speculate: str = "auto"
-    tiny: bool = False                       # tiny random models (tests); see eval.benchkit.tiny_pipeline
+    tiny: bool = False                       # tiny random models (tests); see pipeline.tiny_pipeline
     host: str = "127.0.0.1"
     port: int = 8000
     model_name: str | None = None            # the id clients pass as `model`; default: the target's name
