@@ -126,18 +126,20 @@ def _queue(prompts: list[Prompt]) -> deque[Prompt]:
 
 
 def _decode_into(decoder: SpeculativeDecoder, writer: ShardWriter, pending: list[Prompt], progress: bool,
-                 batch_size: int, stop_ids, seed: int, **sampling) -> int:
+                 batch_size: int, stop_ids, seed: int, deadline: float | None = None, **sampling) -> int:
     """Decode the pending prompts with continuous batching into the writer; returns the response
     tokens made. At most `batch_size` rows decode at once in one engine session; a finished row's
     record is stored at once and the next prompt takes its place at the next cycle boundary, so no
     row waits for the longest answer of a fixed batch. A row's seed depends only on `seed` and its
-    prompt id."""
+    prompt id. From `deadline` (epoch seconds) on no prompt is admitted; the live rows finish."""
     queue, live = _queue(pending), {}
     session = decoder.session()
     new_tokens, decoded, started = 0, 0, time.perf_counter()
     with tqdm(total=len(pending), unit="rec", desc="regenerate", file=sys.stderr, dynamic_ncols=True,
               mininterval=1.0 if sys.stderr.isatty() else 60.0, disable=not progress) as bar:
         while queue or session:
+            if deadline is not None and time.time() >= deadline:
+                queue.clear()
             while queue and len(live) < batch_size:
                 prompt = queue.popleft()
                 config = GenerationConfig(**sampling, stop_token_ids=tuple(stop_ids),
@@ -165,8 +167,10 @@ def _decode_into(decoder: SpeculativeDecoder, writer: ShardWriter, pending: list
 def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_fields: dict, *,
                     max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                     stop_ids=(), batch_size: int = 16, seed: int = 0, draft=None, shard_size: int = 256,
-                    run: dict | None = None, progress: bool = True, draft_label: str | None = None) -> dict:
-    """Generate the responses of the prompts not yet stored in `out_dir` and store them."""
+                    run: dict | None = None, progress: bool = True, draft_label: str | None = None,
+                    deadline: float | None = None) -> dict:
+    """Generate the responses of the prompts not yet stored in `out_dir` and store them (no new
+    prompt starts after `deadline`, epoch seconds: what is left waits for the next run)."""
     check_settings(batch_size, max_new_tokens, temperature, top_p, top_k)
     ids = [p.id for p in prompts]
     require(len(set(ids)) == len(ids), "prompt ids must be unique")
@@ -187,8 +191,8 @@ def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_
                  f"generate into {out_dir}")
             started = time.perf_counter()
             new_tokens = _decode_into(decoder, writer, pending, progress, batch_size, stop_ids, seed,
-                                      max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                      top_k=top_k)
+                                      deadline=deadline, max_new_tokens=max_new_tokens, temperature=temperature,
+                                      top_p=top_p, top_k=top_k)
     finally:
         adapter.close()
     elapsed = time.perf_counter() - started
@@ -196,7 +200,8 @@ def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_
     summary = {"records_added": counts["records"] - stored_before, "records_stored": counts["records"],
                "response_tokens_added": new_tokens, "seconds": round(elapsed, 1),
                "tokens_per_second": round(new_tokens / elapsed, 1) if elapsed else 0.0,
-               "shards": len(writer.manifest["shards"])}
+               "shards": len(writer.manifest["shards"]),
+               "prompts_left": sum(p.id not in writer.ids for p in prompts)}
     _say(f"done: {json.dumps(summary)}")
     return summary
 
