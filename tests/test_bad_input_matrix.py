@@ -212,7 +212,7 @@ CASES = {
         Case(("regenerate", "--target", "target-junk", "--out", "new", "--num-prompts", "2"), "target-junk"),
         Case(("regenerate", *T, "--source", "synthetic", "--out", "new", "--num-prompts", "2", "--no-progress"),
              "interrupted; finished records are saved", 130,
-             _interrupt("dflash2.data.regenerate:SpeculativeDecoder.generate"), loads=True, writes=True,
+             _interrupt("dflash2.decoding.engine:DecodeSession.step"), loads=True, writes=True,
              chatter="dflash2 regenerate: "),
     ],
     "bench": [

@@ -73,6 +73,11 @@ def test_part_sizes_and_the_device_call_plan():
     assert calls[-1].command == 'bash scripts/gpu/train_on_gpu.sh "$OUT" 8' and len(calls) == 6
     assert all(c.sends <= capacity for c in calls)
     assert sum(len([x for x in c.carry if ".part-" in x]) for c in calls) == 6
+    with_prompts = gpu_parts.plan_calls(".gpu/parts", manifest, ".gpu/wheels", wheels, capacity, 8, (".gpu/prompts", 2 * mib))
+    assert with_prompts[-1].carry[-2:] == (".gpu/prompts", ".gpu/parts/manifest.json") and len(with_prompts) == 6
+    big = gpu_parts.plan_calls(".gpu/parts", manifest, ".gpu/wheels", wheels, capacity, 8, (".gpu/prompts", 20 * mib))
+    assert big[-2].carry[0] == ".gpu/prompts" and "--check" in big[-2].command and len(big) == 7
+    assert all(c.sends <= capacity for c in with_prompts + big)
     assert gpu_parts.part_sizes(capacity, 20 * mib, 60_000_000) == [rest]          # wheels travel alone
     with pytest.raises(DFlash2Error, match="make the tree smaller"):
         gpu_parts.part_sizes(mib, 0, 60_000_000)
@@ -242,3 +247,53 @@ def test_gpu_config_has_the_shipped_draft_shape():
     assert gpu.draft.shape() == cpu.draft.shape() and gpu.draft.warm_start_from_target
     assert gpu.loss.distill_weight == 0.7 and gpu.draft.draft_vocab_size is None
     assert gpu.train.device == "cuda" and gpu.train.precision == "bf16" and gpu.train.save_dtype == "bf16"
+
+
+def test_device_regeneration_then_training_brings_back_draft_and_shards(tmp_path):
+    from dflash2.data.shards import read_records
+    from dflash2.tools.gpu import regen
+    from dflash2.training.dataset import load_sequences
+    from dflash2.training.regenerate import Prompt
+
+    target = tiny_target("llama")
+    g = np.random.default_rng(0)
+    prompts = [Prompt(f"fake:{i}", [1] + g.integers(3, 120, size=int(g.integers(3, 12))).tolist()) for i in range(10)]
+    record = regen.save_prompts(prompts, tmp_path / "prompts", {"sources": {"fake": 10}, "seed": 0,
+                                                                "max_prompt_tokens": 64, "selection": "test"})
+    loaded, again = regen.load_prompts(tmp_path / "prompts")
+    assert [(p.id, p.tokens) for p in loaded] == [(p.id, p.tokens) for p in prompts] and again == record
+
+    import time
+    late = regen.regenerate_phase(target, None, "tiny", tmp_path / "prompts", tmp_path / "late", time.time() - 1,
+                                  batch_size=4, max_new_tokens=12, stop_ids=(2,))
+    assert late["records_added"] == 0 and late["prompts_left"] == 10          # past the deadline: none started
+    data = tmp_path / "work" / "regen" / "tiny-device"
+    done = regen.regenerate_phase(target, None, "tiny", tmp_path / "prompts", data, time.time() + 60,
+                                  batch_size=4, max_new_tokens=12, stop_ids=(2,))
+    assert done["records_added"] == 10 and done["prompts_left"] == 0
+    answers = {r.id: r.response.tolist() for r in read_records(data)}
+    plain = SpeculativeDecoder(TargetAdapter(target)).generate(
+        [p.tokens for p in prompts], GenerationConfig(max_new_tokens=12, stop_token_ids=(2,)))
+    assert [answers[p.id] for p in prompts] == [r.tokens for r in plain]      # the target's own greedy answers
+
+    seqs, counts = load_sequences([str(data)], 64, False)                   # then train on them
+    assert counts["records"] == 10
+    cfg = small_config(tmp_path / "run", data={"feature_cache_dir": str(tmp_path / "features")},
+                       train={"steps": None, "epochs": 2, "checkpoint_every": 5, "save_dtype": "fp32"})
+    settings = gpu_job.JobSettings(out_dir=tmp_path / "out", part_bytes=60 * KiB, reserve_seconds=1.0,
+                                   calibration_steps=3, min_train_seconds=1.0, feature_batch_tokens=256)
+    result = gpu_job.run_training(cfg, gpu_job.Clock(30.0), settings, target, None, seqs, gpu_job.Phases())
+    assert result["train"] is not None
+    names = gpu_job.write_outputs(tmp_path / "run", tmp_path / "out", 512 * KiB, {"status": result["status"]}, data)
+    assert len(names) <= gpu_job.MAX_FILES and "data/manifest.json" in names and "data/data.tar.part-00" in names
+    for name in names:
+        assert (tmp_path / "out" / name).stat().st_size <= 512 * KiB
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["data_sha256"]
+    collected = regen.collect_data(tmp_path / "out" / "data", tmp_path / "back")  # here: the CPU campaign's data
+    assert collected["records"] == 10
+    assert {r.id: r.response.tolist() for r in read_records(tmp_path / "back")} == answers
+    with pytest.raises(DFlash2Error, match="DEST"):
+        regen.collect_data(tmp_path / "out" / "data", tmp_path / "back")       # never over existing data
+    (tmp_path / "prompts" / regen.PROMPTS_ARRAYS).write_bytes(b"junk")
+    with pytest.raises(Exception):
+        regen.load_prompts(tmp_path / "prompts")

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from dflash2.data import prompts
-from dflash2.data import regenerate as regen
+from dflash2.training import regenerate as regen
 from dflash2.errors import DFlash2Error
 from dflash2.data.prompts import (
     Conversation,

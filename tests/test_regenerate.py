@@ -7,9 +7,10 @@ import random
 import numpy as np
 import pytest
 
-from dflash2.data import regenerate as regen
+from dflash2.training import regenerate as regen
+from dflash2.decoding.engine import DecodeSession
 from dflash2.errors import DFlash2Error
-from dflash2.data.regenerate import Prompt, generate_shards, sampling_fields, target_fields
+from dflash2.training.regenerate import Prompt, generate_shards, sampling_fields, target_fields
 from dflash2.data.shards import Record, ShardWriter, done_ids, load_manifest, loss_mask, read_records
 from dflash2.targets.tiny import tiny_target
 
@@ -151,16 +152,41 @@ def test_manifest_counts(tmp_path, target):
     assert all(r.prompt.tolist() == prompts[r.id] for r in records)
 
 
-def test_responses_are_the_targets_greedy_output(tmp_path, target):
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_responses_are_the_targets_greedy_output(tmp_path, target, batch_size):
     import torch
 
-    prompts = make_prompts(3)
-    run(target, prompts, tmp_path / "d", batch_size=1)
-    for record, prompt in zip(sorted(read_records(tmp_path / "d"), key=lambda r: r.id), prompts):
+    # 9 prompts through 3 rows: rows finish at different times and later prompts join a running batch
+    prompts = make_prompts(9)
+    run(target, prompts, tmp_path / "d", batch_size=batch_size)
+    records = {r.id: r for r in read_records(tmp_path / "d")}
+    assert len(records) == 9
+    for prompt in prompts:
         ids = torch.tensor([prompt.tokens])
         with torch.no_grad():
             out = target.generate(ids, max_new_tokens=10, do_sample=False, eos_token_id=list(STOP), pad_token_id=0)
-        assert record.response.tolist() == out[0, len(prompt.tokens):].tolist()
+        assert records[prompt.id].response.tolist() == out[0, len(prompt.tokens):].tolist()
+
+
+def test_a_running_batch_sheds_the_padding_of_finished_rows(target):
+    import torch
+
+    from dflash2.decoding.verifier import TargetAdapter
+
+    adapter = TargetAdapter(target, None)
+    long, short = [1] + list(range(3, 43)), [1, 5, 6]
+    adapter.prefill([long, short])
+    adapter.step(torch.tensor([[7], [8]]))
+    adapter.keep(torch.tensor([1, 1]), 1)
+    assert adapter.mask.shape[1] == len(long) + 1
+    adapter.select_rows(torch.tensor([1]))                                      # the long row finished
+    assert adapter.mask.shape[1] == len(short) + 1 == adapter.cache.layers[0].keys.shape[2]
+    adapter.add_rows([[1, 9, 10, 11]])                                          # and a new one joins
+    logits, _ = adapter.step(torch.tensor([[12], [13]]))
+    adapter.close()
+    with torch.no_grad():                                                       # the same logits as alone
+        alone = target(torch.tensor([short + [8, 12]])).logits[0, -1]
+    torch.testing.assert_close(logits[0, -1], alone, rtol=1e-4, atol=1e-4)
 
 
 def test_resume_does_not_duplicate(tmp_path, target):
@@ -179,21 +205,22 @@ def test_resume_does_not_duplicate(tmp_path, target):
 
 def test_interrupted_run_keeps_finished_records_and_resumes(tmp_path, target, monkeypatch):
     out = tmp_path / "d"
-    real_generate = regen.SpeculativeDecoder.generate
-    calls = []
+    real_step = DecodeSession.step
+    finished = []
 
-    def flaky_generate(self, prompts, config):
-        calls.append(len(prompts))
-        if len(calls) == 3:
+    def flaky_step(self):
+        if len(finished) >= 5:
             raise KeyboardInterrupt
-        return real_generate(self, prompts, config)
+        events = real_step(self)
+        finished.extend(e.key for e in events if e.result is not None)
+        return events
 
-    monkeypatch.setattr(regen.SpeculativeDecoder, "generate", flaky_generate)
+    monkeypatch.setattr(DecodeSession, "step", flaky_step)
     with pytest.raises(KeyboardInterrupt):
         run(target, make_prompts(12), out, shard_size=100)
-    assert len(done_ids(out)) == 6  # two finished batches of 3, flushed on the way out
-    monkeypatch.setattr(regen.SpeculativeDecoder, "generate", real_generate)
-    assert run(target, make_prompts(12), out)["records_added"] == 6
+    assert len(done_ids(out)) == len(finished) >= 5  # every finished record, flushed on the way out
+    monkeypatch.setattr(DecodeSession, "step", real_step)
+    assert run(target, make_prompts(12), out)["records_added"] == 12 - len(finished)
     assert sorted(done_ids(out)) == sorted(p.id for p in make_prompts(12))
 
 

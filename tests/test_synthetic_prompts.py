@@ -12,7 +12,7 @@ import time
 import pytest
 
 from dflash2.data import prompts
-from dflash2.data import regenerate as regen
+from dflash2.training import regenerate as regen
 from dflash2.data.prompts import TEMPLATES, overlaps_benchmarks, training_prompts
 from dflash2.data.synthetic.conversations import MATH_TEMPLATES, iter_synthetic_conversations, iter_synthetic_items
 from dflash2.data.synthetic.code import PY_TASKS, STYLES, imperative

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from dflash2.targets.tiny import tiny_draft, tiny_target
 from dflash2.training.batches import Example, build_batch
-from dflash2.training.losses import block_losses, position_weights
+from dflash2.training.losses import block_losses
+from dflash2.training.weighting import position_weights
 from dflash2.training.trainer import Trainer
 from training_util import small_config, synthetic_sequences
 

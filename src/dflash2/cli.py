@@ -33,7 +33,7 @@ from dflash2.model.shape import DEFAULT_SHAPE, DraftShape
 
 # Subcommands implemented in their own modules: name -> (module, help).
 _DELEGATED = {
-    "regenerate": ("dflash2.data.regenerate", "regenerate training responses with the target"),
+    "regenerate": ("dflash2.training.regenerate", "regenerate training responses with the target"),
     "train": ("dflash2.training.trainer", "train a draft from a YAML config"),
     "ablation": ("dflash2.training.ablation", "equal-budget ablation: DFlash v1, +selector, +convs, DFlash2"),
     "bench": ("dflash2.eval.bench", "benchmark acceptance length, speed and losslessness"),

@@ -19,7 +19,9 @@ Contract:
   per layer (appends in place) and rows that kept different counts simply mask out their rejected
   slots ("holes"), compacted by one gather once they take too much room; with sliding-window layers
   (windows are measured in slots) rows are re-aligned to the right edge after every such cycle.
-- `select_rows(rows)` drops finished sequences from the batch.
+- `select_rows(rows)` drops finished sequences from the batch, and with them the leading slots no
+  remaining row uses (full-attention layers), so a batch that keeps admitting rows stays as wide
+  as its longest live row, not as the longest row it ever held.
 - `features(input_ids, attention_mask)` is the cache-free pass used by training.
 """
 from __future__ import annotations
@@ -224,6 +226,22 @@ class TargetAdapter:
         self.cache.batch_select_indices(rows)
         self.mask = self.mask[rows]
         self.next_position = self.next_position[rows]
+        self._drop_shared_padding()
+
+    def _drop_shared_padding(self, minimum: int = 16) -> None:
+        """Cut the leading slots that are padding in every remaining row (left by the longer rows
+        that finished), once there are at least `minimum`: a batch that keeps admitting rows would
+        otherwise attend over them for as long as it runs. Full-attention layers only (windows are
+        counted in slots)."""
+        if not all(type(layer) in (DynamicLayer, SlotLayer) for layer in self.cache.layers):
+            return
+        used = self.mask.any(dim=0)                                                     # [S]
+        first = int(used.int().argmax()) if bool(used.any()) else 0
+        if first < minimum:
+            return
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+        self.mask = self.mask[:, first:]
 
     def reset(self) -> None:
         self.cache = self.mask = self.next_position = None

@@ -32,6 +32,7 @@ import yaml
 
 from dflash2.errors import DFlash2Error, require
 from dflash2.model.shape import DraftShape
+from dflash2.training.weighting import WEIGHTINGS
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,9 @@ class LossSection(_Section):
     NAME = "loss"
     RULES = {"num_anchors": _AT_LEAST_1, "gamma": _POSITIVE, "selector_weight": _NON_NEGATIVE,
              "logits_chunk": _AT_LEAST_1, "distill_weight": Rule(lambda v: 0 <= v <= 1, "a number in [0, 1]"),
-             "distill_top_k": _AT_LEAST_1}
+             "distill_top_k": _AT_LEAST_1, "position_weighting": _one_of(*WEIGHTINGS),
+             "dpace_alpha": Rule(lambda v: 0 < v <= 1, "a number in (0, 1]"),
+             "selector_weighting": _one_of("decay", "backbone")}
     num_anchors: int = 64                       # blocks per sequence
     gamma: float | None = None                  # position decay; None: see resolved_gamma
     selector_weight: float = 1.0
@@ -160,6 +163,10 @@ class LossSection(_Section):
     logits_chunk: int = 256                     # positions per [chunk, vocab] logits slice
     distill_weight: float = 0.0                 # share of the target's own distribution in the token loss
     distill_top_k: int = 32                     # target logits kept per position for distillation
+    position_weighting: str = "decay"           # token-loss weights: fixed decay or "dpace" (training/weighting.py)
+    dpace_alpha: float = 0.5                    # D-PACE confidence smoothing (1: weight = positions left)
+    selector_weighting: str = "decay"           # selector-loss weights: fixed decay or "backbone" (the token loss's)
+    selector_gold: bool = False                 # a true token missing from the top K replaces the K-th in the selector loss
 
 
 @dataclass(frozen=True)

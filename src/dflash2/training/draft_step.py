@@ -38,7 +38,8 @@ from dflash2.errors import require
 from dflash2.decoding.verifier import decoder_layers
 from dflash2.training.batches import Batch
 from dflash2.training.config import TrainConfig
-from dflash2.training.losses import Teacher, block_losses, position_weights
+from dflash2.training.losses import LossOptions, Teacher, block_losses
+from dflash2.training.weighting import position_weights
 
 
 def checked_shape(cfg: TrainConfig, target_config, tokenizer=None) -> tuple[DraftShape, int]:
@@ -148,9 +149,11 @@ class DraftTrainStep(nn.Module):
     """Context K/V + all blocks + loss of one micro-batch in one forward call."""
 
     def __init__(self, draft: DFlash2DraftModel, gamma: float, selector_weight: float,
-                 selector_grad_to_backbone: bool, logits_chunk: int, distill_weight: float = 0.0):
+                 selector_grad_to_backbone: bool, logits_chunk: int, distill_weight: float = 0.0,
+                 options: LossOptions | None = None):
         super().__init__()
         self.distill_weight = distill_weight
+        self.options = options or LossOptions()
         self.draft = draft
         self.register_buffer("weights", position_weights(draft.config.block_size, gamma), persistent=False)
         self.selector_weight = selector_weight
@@ -165,7 +168,8 @@ class DraftTrainStep(nn.Module):
         return block_losses(draft, hidden, batch, self.weights, normaliser,
                             selector_weight=self.selector_weight,
                             selector_grad_to_backbone=self.selector_grad_to_backbone,
-                            chunk=self.logits_chunk, teacher=teacher, distill_weight=self.distill_weight)
+                            chunk=self.logits_chunk, teacher=teacher, distill_weight=self.distill_weight,
+                            options=self.options)
 
 
 def clip_groups(module: nn.Module, separate_selector: bool) -> dict[str, list[nn.Parameter]]:

@@ -1,24 +1,31 @@
 """Training losses and teacher-forced metrics of a packed batch of draft blocks (docs/spec.md §4).
 
 Contract:
-- `position_weights(block_size, gamma)` -> w [B-1], w_k = exp(-(k-1)/gamma) for k = 1..B-1
-  (gamma = inf gives all ones).
-- `block_losses(draft, hidden, batch, ...)` takes the draft's final-norm hidden states
-  [b, N, B, H] of a packed batch and returns `(loss, stats)`:
-    loss  = (sum_p w_p * L_p  +  selector_weight * sum_p w_p * SelCE_p) / normaliser
-  over the supervised block positions p (k = 1..B-1 of real blocks). `normaliser` is the caller's
-  sum of w_p over the WHOLE optimiser step (all micro-batches, all ranks), so gradient accumulation
-  and data parallelism reproduce the single-batch loss exactly.
+- `block_losses(draft, hidden, batch, weights, normaliser, ...)` takes the draft's final-norm
+  hidden states [b, N, B, H] of a packed batch and the fixed position weights [B-1]
+  (`weighting.position_weights`), and returns `(loss, stats)`:
+    loss  = (sum_p v_p * L_p  +  selector_weight * sum_p u_p * SelCE_p) / normaliser
+  over the supervised block positions p (k = 1..B-1 of real blocks). v_p, the token loss's weight,
+  is the fixed decay w_k (`position_weighting="decay"`) or the D-PACE weight of p computed from
+  the draft's own detached confidence in the true tokens of its block (`"dpace"`,
+  `weighting.dpace_weights`, smoothing `dpace_alpha`). u_p, the selector loss's weight, is the
+  fixed decay (`selector_weighting="decay"`) or v_p (`"backbone"`: weighted like the token loss).
+  `normaliser` is the caller's sum of `weighting.step_share` over the WHOLE optimiser step (all
+  micro-batches, all ranks), so gradient accumulation and data parallelism reproduce the
+  single-batch loss exactly.
   L_p is the cross-entropy of the draft logits (over the draft's vocabulary: the target's, or a
   reduced one) against the mixed target (1 - distill_weight) * onehot(true token) + distill_weight *
   the target's own top-k distribution at that position (`Teacher`; distillation, a forward KL up
   to the target's entropy). With distill_weight 0 it is the hard CE on the true token, CE_p, which
   is what the `ce` statistic reports in every case (comparable across recipes). A true token
   outside a reduced vocabulary cannot be drafted: it has no hard term, counts in the normaliser,
-  and is never a top-1 / top-K hit.
+  has confidence 0 for D-PACE, and is never a top-1 / top-K hit.
   SelCE_p is the selector's cross-entropy over the top-K candidates of the draft logits, with the
-  TRUE previous token as predecessor (the anchor for k = 1), counted only where the true token is
-  among the top K (otherwise 0, but its weight still counts in the normaliser).
+  TRUE previous token as predecessor (the anchor for k = 1). Where the true token is not among the
+  top K it is 0 (its weight still counts in the normaliser), unless `selector_gold`: then the
+  true token replaces the weakest (K-th) candidate in that loss, so the selector also learns from
+  the positions its candidates miss. Its metrics (`selector_ok`, the `selector` statistic) keep
+  the serving semantics: the real top K only.
 - Gradient of the selector loss: by default it trains the selector only (codebooks and
   hidden_projection); the draft hidden state and unary logits enter it detached, so the backbone is
   shaped by the token CE alone and the selector cannot trade token accuracy for pair scores.
@@ -26,7 +33,9 @@ Contract:
 - Memory and cost: the token CE goes through `head_ce.head_cross_entropy`, which builds logits
   CHUNK positions at a time and forms their gradient on the spot, so at most one chunk's [chunk, V]
   fp32 logits are alive and the LM head is multiplied twice per chunk (forward, gradient).
-- `stats` is a `LossStats` of detached float64 sums: `a + b` adds micro-batches and steps,
+- `options` is a `LossOptions` (the four choices above; default: fixed decay, no gold candidate).
+- `stats` is a `LossStats` of detached float64 sums, always with the fixed decay weights whatever
+  the objective's weights (so the logged CE and selector CE compare across recipes): `a + b` adds micro-batches and steps,
   `reduced(dist)` sums them across ranks (one all_reduce of one packed vector), and
   `summary(selector_weight, has_selector)` turns them into the logged metrics: loss parts,
   teacher-forced acceptance length (tau with the selector walk, tau_base with per-position argmax),
@@ -49,6 +58,7 @@ import torch.nn.functional as F
 
 from dflash2.training.batches import Batch
 from dflash2.training.head_ce import candidate_logits, head_cross_entropy
+from dflash2.training.weighting import dpace_weights, label_weights
 
 if TYPE_CHECKING:
     from dflash2.training.distributed import Dist
@@ -61,6 +71,22 @@ class Teacher:
     anchor + j - 1 of the token at anchor + j)."""
     ids: torch.Tensor
     logits: torch.Tensor
+
+
+@dataclass(frozen=True)
+class LossOptions:
+    """How the block loss weighs its labels and builds the selector's targets (`loss.*` config keys
+    of the same names; the defaults are the recipe before these options existed)."""
+
+    position_weighting: str = "decay"    # token-loss weights: "decay" (fixed) or "dpace" (confidence)
+    dpace_alpha: float = 0.5             # D-PACE confidence smoothing
+    selector_weighting: str = "decay"    # selector-loss weights: "decay" or "backbone" (the token loss's)
+    selector_gold: bool = False          # a true token missing from the top K replaces the K-th in the selector loss
+
+    @classmethod
+    def from_section(cls, loss) -> "LossOptions":
+        """From a `LossSection` (config.py)."""
+        return cls(**{f.name: getattr(loss, f.name) for f in fields(cls)})
 
 
 @dataclass
@@ -133,25 +159,24 @@ def _rounded(values: torch.Tensor) -> list[float]:
     return [round(float(x), 5) for x in values]
 
 
-def position_weights(block_size: int, gamma: float, device: torch.device | str = "cpu") -> torch.Tensor:
-    """w [B-1]: exp(-(k-1)/gamma), k = 1..B-1."""
-    k = torch.arange(block_size - 1, dtype=torch.float32, device=device)
-    if math.isinf(gamma):
-        return torch.ones_like(k)
-    return torch.exp(-k / gamma)
-
-
-def label_weights(batch: Batch, weights: torch.Tensor) -> torch.Tensor:
-    """[b, N, B-1] weight of every label (0 where unsupervised or a padding block)."""
-    return batch.label_mask.float() * weights.to(batch.label_mask.device)
-
-
-def _selector_ce(draft, hidden, labels, predecessors, cand, cand_ids, selector_grad_to_backbone: bool):
+def _selector_ce(draft, hidden, labels, predecessors, cand, cand_ids, selector_grad_to_backbone: bool,
+                 gold: bool = False):
     """Selector CE over the top-K candidates: hidden [P, H], labels / predecessors [P] (target ids),
-    cand [P, K] (rows of the draft's head) and cand_ids [P, K] (their target ids)
-    -> (sel_ce [P], sel_ok [P] bool); both are 0 / False where the label is not a candidate."""
+    cand [P, K] (rows of the draft's head, best first) and cand_ids [P, K] (their target ids)
+    -> (sel_ce [P], sel_ok [P] bool). Where the label is not a candidate: sel_ce is 0, or with
+    `gold` the CE over the candidates with the label in place of the K-th (for labels the head can
+    draft); sel_ok is False (the real candidates only)."""
     hit = cand_ids == labels[:, None]                                        # [P, K]
     in_topk = hit.any(dim=-1)
+    scored = in_topk
+    if gold:
+        draft_label = draft.target_to_draft(labels)
+        swap = ~in_topk & (draft_label >= 0)                                 # [P] the K-th gives way
+        cand = cand.clone()
+        cand[swap, -1] = draft_label[swap]
+        cand_ids = draft.draft_to_target(cand)
+        hit = cand_ids == labels[:, None]
+        scored = in_topk | swap
     target = hit.float().argmax(dim=-1)                                      # index of the label
     c = draft.config
     cand_logits = candidate_logits(hidden, draft.head_weight, cand, c.output_multiplier,
@@ -159,7 +184,7 @@ def _selector_ce(draft, hidden, labels, predecessors, cand, cand_ids, selector_g
     if not selector_grad_to_backbone:
         hidden, cand_logits = hidden.detach(), cand_logits.detach()
     scores = draft.selector.scores_given_predecessors(hidden, predecessors[:, None], cand_ids, cand_logits)[:, 0]
-    sel_ce = F.cross_entropy(scores.float(), target, reduction="none") * in_topk
+    sel_ce = F.cross_entropy(scores.float(), target, reduction="none") * scored
     sel_ok = (scores.argmax(dim=-1) == target) & in_topk
     return sel_ce, sel_ok
 
@@ -172,8 +197,9 @@ def _leading_correct(correct: torch.Tensor) -> torch.Tensor:
 def block_losses(draft, hidden: torch.Tensor, batch: Batch, weights: torch.Tensor, normaliser: float,
                  *, selector_weight: float = 1.0, selector_grad_to_backbone: bool = False,
                  top_k: int = 16, chunk: int = 256, teacher: "Teacher | None" = None,
-                 distill_weight: float = 0.0) -> tuple[torch.Tensor, LossStats]:
+                 distill_weight: float = 0.0, options: "LossOptions | None" = None) -> tuple[torch.Tensor, LossStats]:
     """hidden [b, N, B, H] -> (scalar loss, detached stats). See the module docstring."""
+    options = options or LossOptions()
     b, n, block, h = hidden.shape
     t = block - 1
     device = hidden.device
@@ -204,15 +230,25 @@ def block_losses(draft, hidden: torch.Tensor, batch: Batch, weights: torch.Tenso
     cand_ids = draft.draft_to_target(cand)                                   # [P, K] target ids
     in_topk = (cand_ids == lab[:, None]).any(dim=-1)
     if draft.selector is not None:
-        sel_ce, sel_ok = _selector_ce(draft, hid, lab, prv, cand, cand_ids, selector_grad_to_backbone)
+        sel_ce, sel_ok = _selector_ce(draft, hid, lab, prv, cand, cand_ids, selector_grad_to_backbone,
+                                      gold=options.selector_gold)
     else:
         sel_ce, sel_ok = torch.zeros_like(ce), top1
+    token_w = wt
+    if options.position_weighting == "dpace":
+        draftable = draft.target_to_draft(lab) >= 0
+        confidence = torch.zeros(b * n * t, device=device)
+        if real:
+            confidence[index] = torch.exp(-ce.detach().float()) * draftable
+        dense = dpace_weights(confidence.view(b, n, t), batch.label_mask, options.dpace_alpha)   # [b, N, T]
+        token_w = dense.reshape(-1)[index] if real else wt
+    sel_w = token_w if options.selector_weighting == "backbone" else wt
     ce_sum = (wt * ce).sum()
-    objective_sum = (wt * loss_rows).sum()
-    sel_sum = (wt * sel_ce).sum()
+    objective_sum = (token_w * loss_rows).sum()
+    sel_sum = (wt * sel_ce * in_topk).sum()
     topk_weight = (wt * in_topk).sum().detach()
     parts = {"top1": top1, "topk": in_topk, "selector_ok": sel_ok}
-    loss = (objective_sum + selector_weight * sel_sum) / normaliser
+    loss = (objective_sum + selector_weight * (sel_w * sel_ce).sum()) / normaliser
 
     # ---- detached statistics (sums) -------------------------------------------------------
     with torch.no_grad():

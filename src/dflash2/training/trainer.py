@@ -54,10 +54,11 @@ from dflash2.training.config import TrainConfig, load_config
 from dflash2.training.dataset import SequenceOrder, load_sequences, to_pair
 from dflash2.training.distributed import Dist
 from dflash2.training.features import FeatureSource, TargetSignals, cache_tag
-from dflash2.training.losses import LossStats, Teacher, label_weights
+from dflash2.training.losses import LossOptions, LossStats, Teacher
 from dflash2.training.metrics_log import MetricsLog, plot_curves
 from dflash2.training.draft_step import DraftTrainStep, build_draft, clip_groups
 from dflash2.training.preflight import RUN_FILES, check_inputs, prepare_run_dir
+from dflash2.training.weighting import step_share
 
 RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.log_every", "train.eval_every",
                      "train.checkpoint_every", "train.keep_checkpoints", "train.save_dtype", "train.device",
@@ -65,7 +66,8 @@ RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.log_every", "train.
                      "train.max_wall_seconds"}
 # Keys added after checkpoints were already written: what a checkpoint without the key was trained with.
 LEGACY_VALUES = {"optim.clip_selector_separately": False, "data.exclude_holdout": False,
-                 "loss.distill_weight": 0.0, "loss.distill_top_k": 32}
+                 "loss.distill_weight": 0.0, "loss.distill_top_k": 32, "loss.position_weighting": "decay",
+                 "loss.dpace_alpha": 0.5, "loss.selector_weighting": "decay", "loss.selector_gold": False}
 
 
 def lr_factor(step: int, total: int, warmup_fraction: float, min_ratio: float) -> float:
@@ -126,7 +128,7 @@ class Trainer:
         loss = cfg.loss
         self.module = DraftTrainStep(self.draft, cfg.resolved_gamma(), loss.selector_weight,
                                      loss.selector_grad_to_backbone, loss.logits_chunk,
-                                     loss.distill_weight).to(device)
+                                     loss.distill_weight, LossOptions.from_section(loss)).to(device)
         self.wrapped = self.dist.wrap(self.module, t.parallel)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.clip_groups = clip_groups(self.module, separate_selector=cfg.optim.clip_selector_separately
@@ -171,7 +173,8 @@ class Trainer:
         world = self.dist.world
         micro = self.order.shard(self.step, self.dist.rank, world, self.cfg.train.grad_accum)
         batches = [self._batch(examples) for examples in micro]
-        totals = torch.tensor([sum(float(label_weights(b, self.module.weights).sum()) for b in batches),
+        weighting = self.cfg.loss.position_weighting
+        totals = torch.tensor([sum(step_share(b, self.module.weights, weighting) for b in batches),
                                sum(b.num_tokens for b in batches)], dtype=torch.float64, device=self.dist.device)
         self.dist.all_reduce_sum(totals)
         normaliser = max(float(totals[0]), 1e-6)

@@ -11,16 +11,21 @@ Contract:
      (`gpu_parts`, `--parts`) are checked and joined and `targets.builtin.convert_gguf` converts
      it into `<work>/cache` (`DFLASH2_CACHE`), where the built-in name resolves to it; its
      fingerprint is compared with the data manifests' (reported, not enforced);
-  3. data: the shard directories (`--data`, default every `data/regen/*` made by the target);
+  3. data: the shard directories (`--data`, default every `data/regen/*` made by the target), and
+     first, where `--prompts` holds prompts (`tools/gpu/regen.py`) and the run has not started,
+     their answers by the target on this machine (`regen.regenerate_phase`: the engine, continuous
+     batching, `regen_batch_size` rows, no prompt started after `regen_share` of the budget) into
+     `<work>/regen/<target>-device`, which is trained on with the rest;
   4. features: every training sequence's target features and top-k logits into
-     `<work>/features` in padded batched passes (the trainer's cache format), cached ones skipped;
+     `<work>/features` in padded batched passes (`features.fill_features`), cached ones skipped;
   5. train (`run_training`): the first `calibration_steps` steps are timed, then `train.steps` is
      set (at most the config's own count) so the cosine schedule ends inside the budget, and
      written to `<work>/run/gpu_plan.json`; a later call resumes the same plan from the latest
      checkpoint, and a finished run is only packed again. `train.max_wall_seconds` stops training
      in any case `reserve_seconds` before the deadline, so the draft is always exported;
   6. outputs: OUT_DIR gets `final/` as `draft.tar.part-NN` (at most `--part-mb` MiB each) with
-     `manifest.json` (`gpu_parts.pack_directory`), `metrics.jsonl`, `summary.json`, `curves.png`:
+     `manifest.json` (`gpu_parts.pack_directory`), the regenerated shards as `data/data.tar.part-NN`
+     + `data/manifest.json`, `summary.json`, and `metrics.jsonl`, `curves.png` where there is room:
      at most 8 files, none over 16 MiB. `gpu_parts collect` (`scripts/gpu/collect.sh`) rebuilds it.
   The deadline counts from `$DFLASH2_GPU_T0` (the script's start, epoch seconds) when set.
 - `smoke OUT_DIR`: phases 4-6 on a tiny random target and synthetic sequences, then the parts are
@@ -46,7 +51,8 @@ from pathlib import Path
 
 from dflash2.argparsing import OneLineParser
 from dflash2.errors import DFlash2Error, require
-from dflash2.tools.gpu import parts as gpu_parts
+from dflash2.tools.gpu import parts as gpu_parts, regen
+from dflash2.tools.gpu.features import fill_features
 from dflash2.tools.gpu.parts import MiB, RETURN_LIMIT
 
 MAX_FILES = 8                   # files a device call gives back
@@ -74,6 +80,10 @@ class JobSettings:
     min_train_seconds: float = 60.0             # the least time worth planning a run for
     feature_batch_tokens: int = 32768           # padded tokens per batched target pass (CUDA; 1 on a CPU)
     fresh: bool = False                         # start the run again (target and features kept)
+    prompts_dir: Path = Path(".gpu/prompts")    # prompts to answer first (tools/gpu/regen.py); none: no phase
+    regen_share: float = 0.4                    # share of the budget the answers may take
+    regen_batch_size: int = 256                 # rows decoding at once
+    regen_max_new_tokens: int = 256
     started_at: float | None = None             # epoch seconds; None: now
 
     def __post_init__(self) -> None:
@@ -176,52 +186,11 @@ def data_dirs(target_name: str, root: Path = Path("data/regen")) -> list[str]:
 
 def fingerprint_matches(name: str, model, dirs: list[str]) -> dict:
     """Whether the converted target is the one that regenerated each data directory."""
-    from dflash2.data.regenerate import target_fields
+    from dflash2.training.regenerate import target_fields
 
     mine = target_fields(name, model)
     return {Path(d).name: all(_made_by(d).get(k) == mine[k] for k in ("config_sha256", "weights_fingerprint"))
             for d in dirs}
-
-
-# ----------------------------------------------------------------------------- 4. features
-def fill_features(trainer, cfg, sequences, clock: Clock, reserve: float, batch_tokens: int) -> dict:
-    """Cache every sequence's target signals (features and the target's top `loss.distill_top_k`
-    logits, so one entry serves runs with and without distillation) with padded batched passes:
-    on a GPU one pass per sequence is launch-bound. Entries are `FeatureSource`'s own."""
-    import torch
-
-    from dflash2.training.features import FeatureSource
-    from dflash2.training.trainer import autocast_dtype
-
-    top_k = cfg.loss.distill_top_k
-    source = FeatureSource(trainer.adapter, cfg.data.feature_cache_dir, trainer.features.root.name, top_k=top_k)
-    if not (hasattr(source, "_path") and hasattr(source, "_store")):  # the cache's layout moved: slow but right
-        return {"computed": source.fill(sequences, progress=False), "batched": False, "complete": True}
-    todo = sorted((torch.as_tensor(ids).long() for ids, _ in sequences if not source._path(ids).is_file()),
-                  key=len, reverse=True)
-    device = trainer.adapter.device
-    dtype = autocast_dtype(cfg.train.precision, device)
-    computed, tokens = 0, 0
-    while todo:
-        if clock.left() < reserve:
-            return {"computed": computed, "tokens": tokens, "batched": True, "complete": False, "left": len(todo)}
-        width = len(todo[0])
-        count = max(1, min(len(todo), batch_tokens // width))
-        rows, todo = todo[:count], todo[count:]
-        ids = torch.zeros(count, width, dtype=torch.long)
-        mask = torch.zeros(count, width, dtype=torch.long)
-        for r, row in enumerate(rows):
-            ids[r, :len(row)], mask[r, :len(row)] = row, 1
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            logits, features = trainer.adapter.features(ids.to(device), mask.to(device), with_logits=True)
-        top = logits.topk(top_k, dim=-1)
-        del logits
-        for r, row in enumerate(rows):
-            n = len(row)
-            source._store(row, {"features": features[r, :n], "top_logits": top.values[r, :n].float(),
-                                "top_ids": top.indices[r, :n].to(torch.int32)})
-        computed, tokens = computed + count, tokens + int(mask.sum())
-    return {"computed": computed, "tokens": tokens, "batched": True, "complete": True}
 
 
 # ----------------------------------------------------------------------------- 5. train
@@ -316,14 +285,20 @@ def run_training(cfg, clock: Clock, settings: JobSettings, target_model, tokeniz
 
 
 # ----------------------------------------------------------------------------- 6. outputs
-def write_outputs(run_dir: Path, out_dir: Path, part_bytes: int, summary: dict) -> list[str]:
-    """The exported draft in parts, the metrics and the summary into `out_dir` (at most 8 files)."""
+def write_outputs(run_dir: Path, out_dir: Path, part_bytes: int, summary: dict, data_dir: Path | None = None) -> list[str]:
+    """The exported draft in parts, the regenerated shards (`data_dir`, packed into `out_dir/data`),
+    the metrics and the summary into `out_dir` (at most 8 files; the curves and metrics only where
+    there is room)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     final = run_dir / "final"
     require((final / "config.json").is_file(), f"no exported draft in '{final}' (training did not finish a step)")
     manifest = gpu_parts.pack_directory(final, out_dir, part_bytes)
     names = [p["name"] for p in manifest["parts"]] + [gpu_parts.MANIFEST]
-    for extra in ("metrics.jsonl", "curves.png"):
+    if data_dir is not None and (data_dir / "manifest.json").is_file():
+        packed = regen.pack_data(data_dir, out_dir / "data", part_bytes)
+        names += [f"data/{p['name']}" for p in packed["parts"]] + [f"data/{gpu_parts.MANIFEST}"]
+        summary = dict(summary, data_sha256=packed["sha256"])
+    for extra in ("metrics.jsonl", "curves.png"):  # the curves can be redrawn here from the metrics
         source = run_dir / extra
         if source.is_file() and source.stat().st_size <= RETURN_LIMIT and len(names) + 2 <= MAX_FILES:
             shutil.copyfile(source, out_dir / extra)
@@ -371,9 +346,6 @@ def train_job(settings: JobSettings) -> dict:
     _say(f"preflight: {info}")
     target = phases.run("target", prepare_target, name, settings.parts_dir, work)
     dirs = list(settings.data) or data_dirs(name)
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=tuple(dirs),
-                                                            feature_cache_dir=str(work / "features")),
-                              train=dataclasses.replace(cfg.train, output_dir=str(work / "run"), progress=False))
     from dflash2.targets.builtin import load_target
 
     model, tokenizer = phases.run("load target", load_target, name)
@@ -382,6 +354,17 @@ def train_job(settings: JobSettings) -> dict:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         model = model.to(device, torch.bfloat16 if autocast_dtype(cfg.train.precision, device) else torch.float32)
+    regen_dir, started = work / "regen" / f"{name}-device", (work / "run" / "checkpoints").is_dir() and not settings.fresh
+    if (settings.prompts_dir / regen.PROMPTS_RECORD).is_file() and not started:  # answers first, then train on all
+        deadline = clock.started_at + settings.regen_share * clock.seconds
+        target["regenerate"] = phases.run("regenerate", regen.regenerate_phase, model, tokenizer, name,
+                                          settings.prompts_dir, regen_dir, deadline, settings.regen_batch_size,
+                                          settings.regen_max_new_tokens)
+    if (regen_dir / "manifest.json").is_file():
+        dirs.append(str(regen_dir))
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=tuple(dirs),
+                                                            feature_cache_dir=str(work / "features")),
+                              train=dataclasses.replace(cfg.train, output_dir=str(work / "run"), progress=False))
     sequences, counts = phases.run("data", load_sequences, dirs, cfg.data.max_seq_len, cfg.data.exclude_holdout)
     _say(f"target {target}; data {counts} from {', '.join(dirs)}")
     if device.type == "cpu":  # a CPU computes padding too: one unpadded pass per sequence is cheaper there
@@ -395,7 +378,8 @@ def train_job(settings: JobSettings) -> dict:
         settings.out_dir.mkdir(parents=True, exist_ok=True)
         (settings.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return summary
-    phases.run("outputs", write_outputs, work / "run", settings.out_dir, settings.part_bytes, summary)
+    phases.run("outputs", write_outputs, work / "run", settings.out_dir, settings.part_bytes, summary,
+               regen_dir if (regen_dir / "manifest.json").is_file() else None)
     return json.loads((settings.out_dir / "summary.json").read_text())
 
 
@@ -467,7 +451,8 @@ def _settings(args) -> JobSettings:
     return JobSettings(out_dir=Path(args.out_dir), minutes=args.minutes, config=args.config,
                        overrides=tuple(args.overrides), parts_dir=Path(args.parts), work_dir=Path(args.work),
                        data=tuple(args.data or ()), require_cuda=args.require_cuda, part_bytes=int(args.part_mb * MiB),
-                       fresh=args.fresh, started_at=float(started) if started else None)
+                       fresh=args.fresh, started_at=float(started) if started else None,
+                       prompts_dir=Path(args.prompts))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -486,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--config", default="configs/smollm2-dflash2-gpu.yaml")
         p.add_argument("--data", action="append", help="a shard directory, repeatable (default: every data/regen/* of the target)")
         p.add_argument("--fresh", action="store_true", help="start the run again (the target and features are kept)")
+        p.add_argument("--prompts", default=".gpu/prompts", help="prompts to answer before training (tools/gpu/regen.py)")
     try:
         args, extra = parser.parse_known_args(argv)  # `train` takes dotted overrides anywhere: loss.distill_weight=0.5
         bad = [item for item in extra if args.command != "train" or not re.fullmatch(r"\w+\.\w+=.*", item)]

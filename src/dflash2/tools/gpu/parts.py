@@ -324,10 +324,12 @@ def part_sizes(capacity: int, first_extra: int, cap: int) -> list[int]:
 
 
 def plan_calls(parts_dir: str, manifest: dict, wheels_dir: str | None, wheel_bytes: int, capacity: int,
-               minutes: int) -> list[DeviceCall]:
+               minutes: int, prompts: tuple[str, int] | None = None) -> list[DeviceCall]:
     """Back-to-back device calls: the first carries the wheels (and the first part, if they fit
     together) and runs the CUDA smoke check, the middle ones carry a part each and check what has
-    arrived, the last carries the last part and trains. Each call also carries the manifest."""
+    arrived, the last carries the last part and trains. Each call also carries the manifest.
+    `prompts` (directory, bytes: the prompts the device answers before training) ride with the last
+    part if they fit, else in a call of their own before it."""
     parts = [(f"{parts_dir}/{p['name']}", p["size"]) for p in manifest["parts"]]
     groups: list[list[tuple[str, int]]] = []
     if wheels_dir:
@@ -335,6 +337,11 @@ def plan_calls(parts_dir: str, manifest: dict, wheels_dir: str | None, wheel_byt
         if wheel_bytes + parts[0][1] + SLACK <= capacity:
             groups[0].append(parts.pop(0))
     groups += [[part] for part in parts]
+    if prompts is not None:
+        if sum(size for _, size in groups[-1]) + prompts[1] + SLACK <= capacity:
+            groups[-1].append(prompts)
+        else:
+            groups.insert(len(groups) - 1, [prompts])
     calls = []
     for index, group in enumerate(groups):
         last = index == len(groups) - 1
@@ -410,7 +417,10 @@ def _split_target(args) -> int:
     manifest = split_file(gguf, parts_dir, sizes)
     manifest["target"] = args.target
     _save_manifest(parts_dir, manifest)
-    calls = plan_calls(args.parts, manifest, args.wheels if wheels else None, wheel_bytes, capacity, args.minutes)
+    prompts_dir = repo / ".gpu" / "prompts"
+    prompts = (".gpu/prompts", dir_bytes(prompts_dir)) if (prompts_dir / "prompts.json").is_file() else None
+    calls = plan_calls(args.parts, manifest, args.wheels if wheels else None, wheel_bytes, capacity, args.minutes,
+                       prompts)
     plan = {"tree_bytes": tree, "capacity_bytes": capacity, "gguf": str(gguf), "gguf_sha256": manifest["sha256"],
             "wheels": [w.name for w in wheels], "calls": [c.as_dict() for c in calls]}
     with atomic_write(repo / ".gpu" / "plan.json", "w") as handle:

@@ -1,5 +1,8 @@
 """Regenerate training responses with the target itself (docs/spec.md §4: the draft imitates the target).
 
+It runs the target (and optionally a draft) through the decoding engine, so it lives with training,
+not in `data/` (which only reads, writes and selects data).
+
 Contract:
 - `regenerate(target, out_dir, num_prompts, ...)` loads the target, takes the training prompts of
   `prompts_source` in the fixed shuffled order of `training_prompts(seed=seed)`, encodes each one's
@@ -10,8 +13,11 @@ Contract:
   Every setting, the output directory (`shards.check_output_dir`) and the draft (its weights, and
   that it was made for this target) are checked before the target's weights load.
 - `generate_shards(model, prompts, out_dir, manifest_fields, ...)` is the tokenizer-free core:
-  `prompts` are `Prompt(id, tokens)`. Pending prompts are sorted by length and decoded in batches
-  of `batch_size` (less padding); each response keeps its stop token.
+  `prompts` are `Prompt(id, tokens)`. Pending prompts, shortest first, are decoded by one engine
+  session with continuous batching: up to `batch_size` rows at once, a finished row's record
+  stored at once and its place taken by the next prompt at the next cycle boundary (in-place KV,
+  ragged rows; no fixed batch waiting for its longest answer). Each response keeps its stop token;
+  a sampled row's seed depends only on the run's seed and the prompt id.
 - Resumable: rerunning the same command (any `num_prompts`) skips ids already stored, so nothing is
   duplicated; settings that change the data (target, tokenizer, prompt selection, sampling) must
   equal the existing manifest's, else a one-line `DFlash2Error`. Interrupting (Ctrl-C or SIGTERM)
@@ -29,6 +35,7 @@ import signal
 import sys
 import time
 import zlib
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,28 +120,42 @@ def encode_training_prompts(tokenizer, num_prompts: int, seed: int = 0, source: 
 
 # --------------------------------------------------------------------------- generation
 
-def _batches(prompts: list[Prompt], batch_size: int) -> list[list[Prompt]]:
-    ordered = sorted(prompts, key=lambda p: (len(p.tokens), p.id))
-    return [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
+def _queue(prompts: list[Prompt]) -> deque[Prompt]:
+    """Shortest prompts first (ties by id): rows decoding side by side have similar widths."""
+    return deque(sorted(prompts, key=lambda p: (len(p.tokens), p.id)))
 
 
 def _decode_into(decoder: SpeculativeDecoder, writer: ShardWriter, pending: list[Prompt], progress: bool,
-                 batch_size: int, stop_ids, seed: int, **sampling) -> int:
-    """Decode the pending prompts batch by batch into the writer; returns the response tokens made."""
+                 batch_size: int, stop_ids, seed: int, deadline: float | None = None, **sampling) -> int:
+    """Decode the pending prompts with continuous batching into the writer; returns the response
+    tokens made. At most `batch_size` rows decode at once in one engine session; a finished row's
+    record is stored at once and the next prompt takes its place at the next cycle boundary, so no
+    row waits for the longest answer of a fixed batch. A row's seed depends only on `seed` and its
+    prompt id. From `deadline` (epoch seconds) on no prompt is admitted; the live rows finish."""
+    queue, live = _queue(pending), {}
+    session = decoder.session()
     new_tokens, decoded, started = 0, 0, time.perf_counter()
     with tqdm(total=len(pending), unit="rec", desc="regenerate", file=sys.stderr, dynamic_ncols=True,
               mininterval=1.0 if sys.stderr.isatty() else 60.0, disable=not progress) as bar:
-        for batch in _batches(pending, batch_size):
-            config = GenerationConfig(**sampling, stop_token_ids=tuple(stop_ids),
-                                      seed=zlib.crc32(f"{seed}:{batch[0].id}".encode()))
+        while queue or session:
+            if deadline is not None and time.time() >= deadline:
+                queue.clear()
+            while queue and len(live) < batch_size:
+                prompt = queue.popleft()
+                config = GenerationConfig(**sampling, stop_token_ids=tuple(stop_ids),
+                                          seed=zlib.crc32(f"{seed}:{prompt.id}".encode()))
+                live[session.add([prompt.tokens], config)[0]] = prompt
             shards_before = len(writer.manifest["shards"])
-            for prompt, result in zip(batch, decoder.generate([p.tokens for p in batch], config)):
-                writer.add(Record(prompt.id, prompt.tokens, result.tokens, result.finish_reason))
-                new_tokens += len(result.tokens)
+            for event in session.step():
+                if event.result is None:
+                    continue
+                prompt = live.pop(event.key)
+                writer.add(Record(prompt.id, prompt.tokens, event.result.tokens, event.result.finish_reason))
+                new_tokens += len(event.result.tokens)
+                decoded += 1
+                bar.update(1)
             elapsed = time.perf_counter() - started
-            decoded += len(batch)
-            bar.update(len(batch))
-            bar.set_postfix_str(f"{new_tokens / elapsed:.0f} tok/s", refresh=False)
+            bar.set_postfix_str(f"{new_tokens / max(elapsed, 1e-9):.0f} tok/s", refresh=False)
             for shard in writer.manifest["shards"][shards_before:]:
                 eta = (len(pending) - decoded) * elapsed / decoded
                 _say(f"wrote {shard['file']} ({shard['records']} records, {writer.manifest['counts']['records']} "
@@ -146,8 +167,10 @@ def _decode_into(decoder: SpeculativeDecoder, writer: ShardWriter, pending: list
 def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_fields: dict, *,
                     max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                     stop_ids=(), batch_size: int = 16, seed: int = 0, draft=None, shard_size: int = 256,
-                    run: dict | None = None, progress: bool = True, draft_label: str | None = None) -> dict:
-    """Generate the responses of the prompts not yet stored in `out_dir` and store them."""
+                    run: dict | None = None, progress: bool = True, draft_label: str | None = None,
+                    deadline: float | None = None) -> dict:
+    """Generate the responses of the prompts not yet stored in `out_dir` and store them (no new
+    prompt starts after `deadline`, epoch seconds: what is left waits for the next run)."""
     check_settings(batch_size, max_new_tokens, temperature, top_p, top_k)
     ids = [p.id for p in prompts]
     require(len(set(ids)) == len(ids), "prompt ids must be unique")
@@ -168,8 +191,8 @@ def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_
                  f"generate into {out_dir}")
             started = time.perf_counter()
             new_tokens = _decode_into(decoder, writer, pending, progress, batch_size, stop_ids, seed,
-                                      max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                      top_k=top_k)
+                                      deadline=deadline, max_new_tokens=max_new_tokens, temperature=temperature,
+                                      top_p=top_p, top_k=top_k)
     finally:
         adapter.close()
     elapsed = time.perf_counter() - started
@@ -177,7 +200,8 @@ def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_
     summary = {"records_added": counts["records"] - stored_before, "records_stored": counts["records"],
                "response_tokens_added": new_tokens, "seconds": round(elapsed, 1),
                "tokens_per_second": round(new_tokens / elapsed, 1) if elapsed else 0.0,
-               "shards": len(writer.manifest["shards"])}
+               "shards": len(writer.manifest["shards"]),
+               "prompts_left": sum(p.id not in writer.ids for p in prompts)}
     _say(f"done: {json.dumps(summary)}")
     return summary
 
