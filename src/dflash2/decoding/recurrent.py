@@ -19,10 +19,11 @@ Contract:
   recurrence on every cycle, while the token-by-token loop already produces every intermediate state,
   so keeping them costs only memory (q states per row and layer until `keep`) and the roll-back is a
   copy of b states. Outside `capturing()` (prefills, training, `generate()`) the model's own kernels run.
-- Steps of one token (plain decoding) keep every token, so they capture nothing and use HF's fast path.
+- `begin_step(q)` notes the state a step starts from, so `keep` can also keep 0 tokens. Steps of one
+  token (plain decoding) capture nothing and use HF's fast path (only the [b, C, K] conv window is copied).
 - Left padding cannot reach the state: HF zeroes padded positions before the mixers, and with no
-  projection biases (all supported families) a zero input leaves a zero state; `zero_padding(layers,
-  mask)` also clears the conv windows' padded slots after a prefill shorter than the kernel.
+  projection biases (all supported families) a zero input leaves a zero state; `zero_padding(mask)`
+  also clears the conv windows' padded slots after a prefill shorter than the kernel.
 - `merge(old, new)` stacks two batches' states (rows of `new` last); `batch_select_indices` drops rows.
 """
 from __future__ import annotations
@@ -142,6 +143,8 @@ class RecurrentLayer(LinearAttentionLayer):
         super().__init__(number_of_states=number_of_states)
         self.windows: dict[int, torch.Tensor] = {}          # state -> conv input [b, C, K + q] of the last step
         self.trails: dict[int, list[torch.Tensor]] = {}     # state -> q x [b, H, K, V] after each position
+        self.before: dict[int, torch.Tensor] = {}           # state -> [b, H, K, V] before the last step
+        self.conv_before: dict[int, torch.Tensor] = {}      # state -> [b, C, K] before a one-token step
 
     def activate_past_recording(self) -> None:  # roll-back is `keep`'s; HF's fast one-token path stays on
         pass
@@ -174,19 +177,30 @@ class RecurrentLayer(LinearAttentionLayer):
         self.is_recurrent_states_initialized[state_idx] = True
         return recurrent_states
 
+    def begin_step(self, q: int) -> None:
+        """Before a step of q tokens: remember the state it starts from (a one-token step updates the
+        conv window in place, so that one is copied: [b, C, K]; the recurrent state is replaced, not
+        written, so a reference suffices)."""
+        self.windows, self.trails = {}, {}
+        self.before = {i: t for i, t in self.recurrent_states.items() if t is not None}
+        self.conv_before = {i: t.clone() for i, t in self.conv_states.items() if t is not None} if q == 1 else {}
+
     def keep(self, counts: torch.Tensor) -> None:
-        """Each row r keeps the state after counts[r] (>= 1) of the last step's tokens."""
+        """Each row r keeps the state after counts[r] (0..q) of the last step's tokens."""
         for i, window in self.windows.items():                              # [b, C, K + q]
             width = self.conv_kernel_size[i]
             index = (counts[:, None] + torch.arange(width, device=window.device))[:, None, :]   # [b, 1, K]
             self.conv_states[i] = window.gather(2, index.expand(-1, window.shape[1], -1)).contiguous()
+        for i, before in self.conv_before.items():                         # a one-token step: 0 or 1 kept
+            self.conv_states[i] = torch.where(counts[:, None, None] > 0, self.conv_states[i], before)
         rows = counts.tolist()
-        for i, trail in self.trails.items():
-            self.recurrent_states[i] = torch.stack([trail[n - 1][r] for r, n in enumerate(rows)])
-        self.windows, self.trails = {}, {}
-
-    def forget_step(self) -> None:
-        self.windows, self.trails = {}, {}
+        for i, before in self.before.items():
+            trail = [before] + self.trails.get(i, [self.recurrent_states[i]])      # state after 0, 1, .., q tokens
+            if any(n != rows[0] for n in rows):
+                self.recurrent_states[i] = torch.stack([trail[n][r] for r, n in enumerate(rows)])
+            else:
+                self.recurrent_states[i] = trail[rows[0]]
+        self.windows, self.trails, self.before, self.conv_before = {}, {}, {}, {}
 
     def _states(self):
         for store in (self.conv_states, self.recurrent_states):
