@@ -83,7 +83,8 @@ def _install_rule(decoder_layer, model_type: str) -> None:
     mixer = getattr(decoder_layer, "linear_attn", None)
     module = sys.modules[type(mixer).__module__] if mixer is not None else None
     require(module is not None and hasattr(module, _RULE),
-            f"target '{model_type}' has linear_attention layers of a kind dflash2 does not know how to roll back")
+            f"target '{model_type}' has recurrent layers (linear_attention) of a kind whose state dflash2 cannot "
+            "roll back after a rejected draft, so it is not supported")
     if not isinstance(getattr(module, _RULE), _CapturingRule):
         setattr(module, _RULE, _CapturingRule(getattr(module, _RULE)))
 
