@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib.util
 import sys
 
 import torch
@@ -59,6 +60,12 @@ def capturing():
         yield
     finally:
         _capture.reset(token)
+
+
+def fast_kernels() -> dict[str, bool]:
+    """Whether flash-linear-attention (`fla`) and `causal_conv1d` are importable (HF then uses them
+    outside `capturing()`)."""
+    return {name: importlib.util.find_spec(name) is not None for name in ("fla", "causal_conv1d")}
 
 
 # ---------------------------------------------------------------------------------------------- which targets
@@ -116,7 +123,7 @@ def delta_rule_trail(query, key, value, g, beta, state, l2norm: bool) -> tuple[t
     """The gated delta rule token by token. query/key [b, q, Hk, K], value [b, q, H, V], g/beta [b, q, H],
     state [b, H, K, V] -> (output [b, q, H, V] in value's dtype, the fp32 state after each position: q x
     [b, H, K, V])."""
-    heads = value.shape[2]
+    heads, dtype = value.shape[2], value.dtype
     if key.shape[2] != heads:  # grouped values: each q/k head serves heads // Hk value heads
         query, key = (x.repeat_interleave(heads // key.shape[2], dim=2) for x in (query, key))
     query, key, value, g, beta = (x.float() for x in (query, key, value, g, beta))
@@ -133,7 +140,7 @@ def delta_rule_trail(query, key, value, g, beta, state, l2norm: bool) -> tuple[t
         state = state + key[:, t, :, :, None] * delta[:, :, None, :]
         out[:, t] = (state * query[:, t, :, :, None]).sum(dim=-2)
         trail.append(state)
-    return out, trail
+    return out.to(dtype), trail
 
 
 # ---------------------------------------------------------------------------------------------- the cache layer
