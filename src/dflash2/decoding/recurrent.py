@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import importlib.util
 import sys
 
@@ -62,6 +63,7 @@ def capturing():
         _capture.reset(token)
 
 
+@functools.cache
 def fast_kernels() -> dict[str, bool]:
     """Whether flash-linear-attention (`fla`) and `causal_conv1d` are importable (HF then uses them
     outside `capturing()`)."""
@@ -187,10 +189,12 @@ class RecurrentLayer(LinearAttentionLayer):
 
     def begin_step(self, q: int) -> None:
         """Before a step of q tokens: remember the state it starts from (a one-token step updates the
-        conv window in place, so that one is copied: [b, C, K]; the recurrent state is replaced, not
-        written, so a reference suffices)."""
+        conv window in place, so that one is copied: [b, C, K]; the torch rules replace the recurrent
+        state rather than write it, so a reference suffices, unless flash-linear-attention's kernel,
+        which may write it in place, runs the one-token step)."""
         self.windows, self.trails = {}, {}
-        self.before = {i: t for i, t in self.recurrent_states.items() if t is not None}
+        copy = q == 1 and fast_kernels()["fla"]
+        self.before = {i: t.clone() if copy else t for i, t in self.recurrent_states.items() if t is not None}
         self.conv_before = {i: t.clone() for i, t in self.conv_states.items() if t is not None} if q == 1 else {}
 
     def keep(self, counts: torch.Tensor) -> None:
