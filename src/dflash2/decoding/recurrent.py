@@ -136,11 +136,13 @@ def delta_rule_trail(query, key, value, g, beta, state, l2norm: bool) -> tuple[t
     out = torch.empty_like(value)
     trail = []
     for t in range(value.shape[1]):
-        state = state * g[:, t].exp()[..., None, None]
-        predicted = (state * key[:, t, :, :, None]).sum(dim=-2)                          # [b, H, V]
-        delta = (value[:, t] - predicted) * beta[:, t, :, None]
-        state = state + key[:, t, :, :, None] * delta[:, :, None, :]
-        out[:, t] = (state * query[:, t, :, :, None]).sum(dim=-2)
+        decay = g[:, t].exp()[..., None, None]                                           # [b, H, 1, 1]
+        k, q = key[:, t, :, None, :], query[:, t, :, None, :]                            # [b, H, 1, K]
+        read = torch.cat([q, k], dim=2) @ state                                          # [b, H, 2, V], one read
+        delta = (value[:, t, :, None, :] - decay * read[:, :, 1:]) * beta[:, t, :, None, None]   # [b, H, 1, V]
+        state = torch.baddbmm((state * decay).flatten(0, 1), k.transpose(-1, -2).flatten(0, 1),
+                              delta.flatten(0, 1)).view_as(state)                        # decayed + k^T delta
+        out[:, t] = (decay * read[:, :, :1] + (q * k).sum(-1, keepdim=True) * delta)[:, :, 0]
         trail.append(state)
     return out.to(dtype), trail
 
