@@ -231,3 +231,26 @@ def test_a_seeded_request_is_the_same_alone_or_in_a_batch(models):
     assert got == alone
     other = decoder.generate([PROMPT], GenerationConfig(max_new_tokens=12, temperature=1.0, seed=1235))[0].tokens
     assert other != alone
+
+
+@pytest.fixture(scope="module")
+def hybrid_models():
+    """A Gated DeltaNet hybrid (qwen3_5: three linear-attention layers, then attention): rejected drafts
+    roll back recurrent and conv state."""
+    target = tiny_target("qwen3_5", vocab_size=VOCAB, seed=3, num_layers=4)
+    draft = tiny_draft(target, block_size=4, top_k=4, seed=4)
+    return target.to(TEST_DEVICE), draft.to(TEST_DEVICE)
+
+
+def test_hybrid_target_sampling_matches_its_distribution(hybrid_models):
+    target, draft = hybrid_models
+    setting = SETTINGS[3]
+    pvalue = chi_square_pvalue(sample_triples(target, draft, setting, mode="random"), exact_joint(target, setting))
+    assert pvalue > ALPHA, f"sampled distribution differs from the target's (p = {pvalue:.2e})"
+
+
+def test_the_test_rejects_a_broken_rule_on_a_hybrid_target(hybrid_models, monkeypatch):
+    target, draft = hybrid_models
+    monkeypatch.setattr(engine_module, "sample_accept", resample_from_p)
+    pvalue = chi_square_pvalue(sample_triples(target, draft, SETTINGS[0]), exact_joint(target, SETTINGS[0]))
+    assert pvalue < ALPHA, f"broken rule resample_from_p was not detected (p = {pvalue:.2e})"

@@ -2,8 +2,9 @@
 
 Contract:
 - `TargetAdapter(model, target_layer_ids)` wraps Llama-, Qwen3-, Gemma3-style (and any other
-  attention-only) HF causal LMs. Targets whose cache cannot be rolled back (recurrent / linear
-  attention layers) are refused with a `DFlash2Error`.
+  attention-only) HF causal LMs, and the hybrids of `recurrent.py` (Gated DeltaNet / short-conv layers
+  beside full attention: Qwen3.5, Qwen3.5-MoE, Qwen3-Next, LFM2). Other recurrent layer kinds are
+  refused with a `DFlash2Error`.
 - The batch lives in one KV cache, left-padded: every row's tokens are contiguous and end at the
   right edge, so a sliding window in slot space equals the window in token positions. The adapter
   keeps the matching 2-D attention mask and each row's next position.
@@ -19,6 +20,8 @@ Contract:
   per layer (appends in place) and rows that kept different counts simply mask out their rejected
   slots ("holes"), compacted by one gather once they take too much room; with sliding-window layers
   (windows are measured in slots) rows are re-aligned to the right edge after every such cycle.
+  The recurrent layers' state is captured per position during multi-token steps and set per row
+  by `keep` (`recurrent.RecurrentLayer.keep`); the attention layers' bookkeeping is unchanged.
 - `select_rows(rows)` drops finished sequences from the batch, and with them the leading slots no
   remaining row uses (full-attention layers), so a batch that keeps admitting rows stays as wide
   as its longest live row, not as the longest row it ever held.
@@ -32,11 +35,9 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from dflash2.errors import require
+from dflash2.decoding import recurrent
 from dflash2.decoding.kvcache import SlotLayer
 from dflash2.decoding.ragged import compaction_index, right_align, worth_compacting
-
-_RECURRENT_LAYER_TYPES = ("linear_attention", "mamba", "conv", "recurrent", "mamba2", "gated_deltanet")
-
 
 def _left_pad(tensor: torch.Tensor, slots: int) -> torch.Tensor:
     """[b, heads, s, d] -> [b, heads, slots, d] with zeros entering on the left."""
@@ -57,10 +58,8 @@ class TargetAdapter:
     def __init__(self, model, target_layer_ids: list[int] | None = None):
         self.model = model
         self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        layer_types = getattr(self.config, "layer_types", None) or []
-        recurrent = sorted({t for t in layer_types if t in _RECURRENT_LAYER_TYPES})
-        require(not recurrent, f"target '{self.config.model_type}' has recurrent layers ({', '.join(recurrent)}): "
-                               "its cache cannot be rolled back after a rejected draft, so it is not supported")
+        self.hybrid = recurrent.check_supported(model, self.config)
+        self.recurrent: list[recurrent.RecurrentLayer] = []
         self.layers = decoder_layers(model)
         self.target_layer_ids = list(target_layer_ids or [])
         for layer_id in self.target_layer_ids:
@@ -147,13 +146,20 @@ class TargetAdapter:
         ids, mask = ids.to(self.device), mask.to(self.device)
         self.cache = DynamicCache(config=self.model.config)
         self.cache.activate_past_recording()  # sliding-window layers must be able to roll back
-        self.holes = all(type(layer) is DynamicLayer for layer in self.cache.layers)
+        self.recurrent = recurrent.adopt(self.cache)
+        self.holes = all(type(layer) is DynamicLayer for layer in self._attention_layers())
         if self.holes:
-            self.cache.layers = [SlotLayer() for _ in self.cache.layers]
+            self.cache.layers = [SlotLayer() if type(layer) is DynamicLayer else layer for layer in self.cache.layers]
         self.mask = mask
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         self.next_position = mask.sum(-1)
-        return self._forward(ids, positions, last_logits_only=True)
+        out = self._forward(ids, positions, last_logits_only=True)
+        for layer in self.recurrent:
+            layer.zero_padding(mask)
+        return out
+
+    def _attention_layers(self) -> list:
+        return [layer for layer in self.cache.layers if not isinstance(layer, recurrent.RecurrentLayer)]
 
     def add_rows(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Prefill `prompts` and append them to the running batch (or start one); returns what
@@ -165,6 +171,9 @@ class TargetAdapter:
         new_mask = self.mask
         width = max(old_mask.shape[1], self.mask.shape[1])
         for old_layer, new_layer in zip(old_cache.layers, self.cache.layers):
+            if isinstance(new_layer, recurrent.RecurrentLayer):
+                recurrent.merge(old_layer, new_layer)
+                continue
             require(type(old_layer) in (DynamicLayer, DynamicSlidingWindowLayer, SlotLayer),
                     f"cache layer {type(old_layer).__name__} cannot take new rows")
             # stored slots are the last ones of each part: left-pad to one count, rows stay right-aligned
@@ -183,6 +192,11 @@ class TargetAdapter:
         q = ids.shape[1]
         positions = self.next_position[:, None] + torch.arange(q, device=ids.device)
         self.mask = F.pad(self.mask, (0, q), value=1)
+        for layer in self.recurrent:
+            layer.begin_step(q)
+        if self.recurrent and q > 1:  # capture each position's recurrent state for `keep`
+            with recurrent.capturing():
+                return self._forward(ids, positions)
         return self._forward(ids, positions)
 
     # ------------------------------------------------------------------ cache bookkeeping
@@ -190,6 +204,8 @@ class TargetAdapter:
         """Keep the first counts[r] (0..q) of the last step's q tokens of each row."""
         counts = counts.to(self.device)
         self.next_position = self.next_position + counts
+        for layer in self.recurrent:
+            layer.keep(counts)
         top = int(counts.max())
         if bool((counts == top).all()):
             if top < q:
@@ -200,7 +216,7 @@ class TargetAdapter:
             self.mask[:, -q:] = (torch.arange(q, device=self.device)[None, :] < counts[:, None]).to(self.mask.dtype)
             if worth_compacting(self.mask):
                 index = compaction_index(self.mask)                                        # [b, S']
-                for layer in self.cache.layers:
+                for layer in self._attention_layers():
                     slots = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
                     layer.keys, layer.values = layer.keys.gather(2, slots), layer.values.gather(2, slots)
                 self.mask = self.mask.gather(1, index)
@@ -208,7 +224,7 @@ class TargetAdapter:
         # Rows kept different counts: shift each row right so all rows end at the right edge again.
         shift = top - counts                                   # [b] extra left padding per row
         self.mask = right_align(self.mask, shift, top - q)
-        for layer in self.cache.layers:
+        for layer in self._attention_layers():
             require(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer),
                     f"cache layer {type(layer).__name__} cannot be rolled back per row")
             # keys / values [b, heads, slots, d] -> [b, slots, heads, d] so slots sit on dim 1
@@ -245,3 +261,4 @@ class TargetAdapter:
 
     def reset(self) -> None:
         self.cache = self.mask = self.next_position = None
+        self.recurrent = []

@@ -2,7 +2,9 @@
 
 Contract: `tiny_target(family, vocab_size, seed)` builds a randomly initialised Hugging Face causal
 LM of the given family ("llama", "qwen3", "gemma3"; Gemma3 with a short sliding window so that
-window roll-back is exercised) in fp32, eval mode. `tiny_draft(target, ...)` builds a matching
+window roll-back is exercised; the hybrids of `HYBRID_FAMILIES`: "qwen3_5", "qwen3_5_moe", "qwen3_next"
+(Gated DeltaNet layers, three to one with full attention) and "lfm2" (short convolutions)) in fp32,
+eval mode. `tiny_config(family, ...)` is the config it builds. `tiny_draft(target, ...)` builds a matching
 randomly initialised DFlash2 (or v1) draft (the draft factory, `model.factory.create_draft`) whose
 convolutions and selector are perturbed away from their identity / neutral init, so every part of
 the draft does real work. `TinyTokenizer(vocab_size)` is a character-level stand-in tokenizer for
@@ -11,30 +13,50 @@ them (no chat template).
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen3Config
+from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Lfm2Config, Qwen3_5MoeTextConfig,
+                          Qwen3_5TextConfig, Qwen3Config, Qwen3NextConfig)
 
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
 from dflash2.model.shape import DraftShape
 from dflash2.errors import require
 
-FAMILIES = ("llama", "qwen3", "gemma3")
+HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "lfm2")
+FAMILIES = ("llama", "qwen3", "gemma3") + HYBRID_FAMILIES
 
 
-def tiny_target(family: str = "llama", vocab_size: int = 128, seed: int = 0, num_layers: int = 6,
-                hidden_size: int = 64, sliding_window: int = 12):
+def tiny_config(family: str = "llama", vocab_size: int = 128, num_layers: int = 6, hidden_size: int = 64,
+                sliding_window: int = 12):
     require(family in FAMILIES, f"unknown tiny family '{family}' (choose from {', '.join(FAMILIES)})")
     common = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                   num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    # Gated DeltaNet: 4 value heads sharing 2 key heads (grouped), width-4 conv; every fourth layer attends
+    linear = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+                  linear_conv_kernel_dim=4, head_dim=16,
+                  layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(num_layers)])
+    experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden_size // 2,
+                   shared_expert_intermediate_size=hidden_size // 2)
     if family == "llama":
-        config = LlamaConfig(**common, tie_word_embeddings=True)
-    elif family == "qwen3":
-        config = Qwen3Config(**common, head_dim=16, tie_word_embeddings=False)
-    else:
+        return LlamaConfig(**common, tie_word_embeddings=True)
+    if family == "qwen3":
+        return Qwen3Config(**common, head_dim=16, tie_word_embeddings=False)
+    if family == "gemma3":
         layer_types = ["sliding_attention" if (i + 1) % 3 else "full_attention" for i in range(num_layers)]
-        config = Gemma3TextConfig(**common, head_dim=16, sliding_window=sliding_window, layer_types=layer_types,
-                                  query_pre_attn_scalar=16)
+        return Gemma3TextConfig(**common, head_dim=16, sliding_window=sliding_window, layer_types=layer_types,
+                                query_pre_attn_scalar=16)
+    if family == "qwen3_5":
+        return Qwen3_5TextConfig(**common, **linear, tie_word_embeddings=False)
+    if family == "qwen3_5_moe":
+        return Qwen3_5MoeTextConfig(**common, **linear, **experts, tie_word_embeddings=False)
+    if family == "qwen3_next":
+        return Qwen3NextConfig(**common, **linear, **experts, tie_word_embeddings=False)
+    return Lfm2Config(**common, full_attn_idxs=[i for i in range(num_layers) if i % 3 == 2], conv_L_cache=3)
+
+
+def tiny_target(family: str = "llama", vocab_size: int = 128, seed: int = 0, num_layers: int = 6,
+                hidden_size: int = 64, sliding_window: int = 12):
+    config = tiny_config(family, vocab_size, num_layers, hidden_size, sliding_window)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # larger-than-default weights give peaked, varied next-token distributions
