@@ -22,6 +22,7 @@ from dflash2.targets.tiny import tiny_draft, tiny_target
 from training_util import synthetic_sequences
 
 VOCAB = 128  # the tiny target's
+DEEP = 100_000  # levels of nested JSON lists: beyond what Python's json module can recurse into
 
 
 def tiny_tokenizer():
@@ -84,6 +85,7 @@ def build_drafts(root: Path) -> None:
     _write_config(root / "draft-badjson", "{\"hidden_size\": ")
     _write_config(root / "draft-nonutf", b"\xff\xfe{}")
     _write_config(root / "draft-list", "[1, 2]")
+    _write_config(root / "draft-deep", '{"dflash_config": ' + "[" * DEEP + "]" * DEEP + "}")
 
 
 def build_targets(root: Path) -> None:
@@ -127,6 +129,8 @@ def build_files(root: Path) -> None:
                         "msgs-role.json": [{"role": "robot", "content": "hi"}],
                         "msgs-nocontent.json": [{"role": "user"}]}.items():
         (root / name).write_text(json.dumps(value))
+    (root / "msgs-deep.json").write_text("[" * DEEP + "]" * DEEP)
+    (root / "deep.jsonl").write_text('{"prompt": ' + "[" * DEEP + "]" * DEEP + "}\n")
     (root / "bad.yaml").write_text("train:\n  steps: [1\n")
     (root / "nonutf8.yaml").write_bytes(b"train:\n  steps: \xff\n")
     (root / "list.yaml").write_text("- train\n")

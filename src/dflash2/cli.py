@@ -28,6 +28,7 @@ from dflash2.argparsing import OneLineParser
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import refuse_existing_output
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape
+from dflash2.userjson import parse_json
 
 # Subcommands implemented in their own modules: name -> (module, help).
 _DELEGATED = {
@@ -154,10 +155,7 @@ def read_messages(path: str) -> list:
         raise DFlash2Error(f"--messages '{path}': {err.strerror or err}") from None
     except UnicodeDecodeError as err:
         raise DFlash2Error(f"--messages '{path}' is not UTF-8 text (byte {err.start})") from None
-    try:
-        messages = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise DFlash2Error(f"--messages '{path}' is not valid JSON: {err}") from None
+    messages = parse_json(text, f"--messages '{path}'")
     require(isinstance(messages, list), f"--messages '{path}' must hold a JSON list of messages")
     check_messages(messages, f"--messages '{path}': ")
     return messages

@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from dflash2.model.draft import DFlash2DraftModel
+from dflash2.tensorfiles import save_safetensors
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -24,5 +24,5 @@ def write_checkpoint(model: DFlash2DraftModel, config_dict: dict, directory: Pat
     state = {name: tensor.detach().to(torch_dtype).contiguous() for name, tensor in model.state_dict().items()}
     config_file, weights_file = directory / "config.json", directory / "model.safetensors"
     config_file.write_text(json.dumps(config_dict, indent=2) + "\n")
-    save_file(state, str(weights_file), metadata={"format": "pt"})
+    save_safetensors(state, weights_file)
     return [config_file, weights_file]

@@ -1,0 +1,63 @@
+"""Real faults of the machine, not injected ones: a full disk and a read-only file system (small
+tmpfs mounts), allocations the machine cannot hold, thread counts torch cannot honour. Each is one
+line `error: ...` naming the user's path or option, exit status 2, and nothing left behind."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dflash2.cli import main
+from matrix_util import template, temporaries, work  # noqa: F401 (fixtures)
+
+
+def _mount(directory: Path, options: str) -> None:
+    directory.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip() or 'not root'}): a real full or "
+                    "read-only disk needs one")
+
+
+@pytest.fixture
+def mounted(tmp_path):
+    """mounted(name, options) -> a fresh tmpfs directory; all are unmounted afterwards."""
+    made = []
+
+    def mount(name: str, options: str) -> Path:
+        directory = tmp_path / name
+        _mount(directory, options)
+        made.append(directory)
+        return directory
+    yield mount
+    for directory in reversed(made):
+        subprocess.run(["umount", str(directory)], capture_output=True)
+
+
+def one_line(capsys, argv) -> str:
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if not line.startswith(("#", "Loading weights"))]
+    assert "Traceback" not in err and code == 2 and len(lines) == 1, err
+    assert lines[0].startswith("error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv", [
+    ("init-draft", "--target", "target", "--out", "{disk}/draft"),
+    ("export", "draft", "--to", "dflash2", "--out", "{disk}/export", "--dtype", "float32"),
+    ("train", "train.yaml", "train.output_dir={disk}/run"),
+], ids=["init-draft", "export", "train checkpoint"])
+def test_a_full_disk_is_one_line_naming_the_output(argv, work, mounted, capsys):
+    disk = mounted("full", "size=96k")
+    line = one_line(capsys, [part.format(disk=disk) for part in argv])
+    assert "No space left on device" in line and str(disk) in line, line
+    assert ".tmp" not in line, line
+    assert not temporaries(disk), "a temporary file was left on the full disk"
+
+
+def test_a_read_only_file_system_names_the_users_out(work, mounted, capsys):
+    disk = mounted("readonly", "ro,size=64k")
+    line = one_line(capsys, ["init-draft", "--target", "target", "--out", str(disk / "new")])
+    assert "Read-only file system" in line and f"'{disk / 'new'}'" in line, line
