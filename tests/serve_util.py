@@ -8,10 +8,10 @@ import time
 import httpx
 
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.target import TargetAdapter
+from dflash2.decoding.verifier import TargetAdapter
 from dflash2.eval.benchkit import TinyTokenizer
 from dflash2.pipeline import Pipeline
-from dflash2.serve.cli import bind, make_server, url_of
+from dflash2.serve.command import bind, make_server, url_of
 from dflash2.serve.settings import ServeSettings
 from dflash2.targets.tiny import tiny_draft, tiny_target
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.target import TargetAdapter
+from dflash2.decoding.verifier import TargetAdapter
 from dflash2.errors import DFlash2Error
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.targets.tiny import tiny_target
-from dflash2.training import gpu_job, gpu_parts
+from dflash2.tools.gpu import job as gpu_job, parts as gpu_parts
 from dflash2.training.config import load_config
 from dflash2.training.features import FeatureSource
 from dflash2.training.trainer import Trainer

@@ -22,7 +22,7 @@ import dflash2.decoding.engine as engine_module
 from dflash2.decoding.acceptance import sample_accept
 from dflash2.rng import sample_from
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.target import TargetAdapter
+from dflash2.decoding.verifier import TargetAdapter
 from dflash2.targets.tiny import tiny_draft, tiny_target
 from conftest import TEST_DEVICE, with_speculation
 

@@ -13,7 +13,7 @@ import shutil
 import openai
 import pytest
 
-from dflash2.serve.browser import CHROMIUM, ask, chromium
+from dflash2.tools.browser import CHROMIUM, ask, chromium
 from serve_util import API_KEY, LiveServer, tiny_serving_pipeline
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM) and not os.environ.get("DFLASH2_REQUIRE_BROWSER"),

@@ -14,9 +14,9 @@ import pytest
 from dflash2.data import prompts
 from dflash2.data import regenerate as regen
 from dflash2.data.prompts import TEMPLATES, overlaps_benchmarks, training_prompts
-from dflash2.data.synthetic import MATH_TEMPLATES, iter_synthetic_conversations, iter_synthetic_items
-from dflash2.data.synthetic_code import PY_TASKS, STYLES, imperative
-from dflash2.data.synthetic_tasks import run_reference
+from dflash2.data.synthetic.conversations import MATH_TEMPLATES, iter_synthetic_conversations, iter_synthetic_items
+from dflash2.data.synthetic.code import PY_TASKS, STYLES, imperative
+from dflash2.data.synthetic.tasks import run_reference
 from dflash2.errors import DFlash2Error
 
 TASKS = {t.key: t for t in PY_TASKS}

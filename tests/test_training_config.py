@@ -9,7 +9,7 @@ import pytest
 from dflash2.errors import DFlash2Error
 from dflash2.targets.tiny import tiny_target
 from dflash2.training.config import TrainConfig, load_config
-from dflash2.training.model import draft_config
+from dflash2.training.draft_step import draft_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

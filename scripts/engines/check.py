@@ -2,7 +2,7 @@
 llama.cpp, compared token for token and cycle for cycle with this project's engine.
 
 Run by scripts/engines_check.sh with the project's venv (the engines run in their own venvs through
-the runners of `dflash2.eval`). Writes OUT/results.json and OUT/results.md.
+the runners of `dflash2.tools.runners`). Writes OUT/results.json and OUT/results.md.
 
     python scripts/engines/check.py [--out runs/engines] [--prompts 4] [--max-new-tokens 64]
                                     [--llama-prompts 2] [--skip vllm,mlx,llama]
@@ -68,7 +68,7 @@ def engine(runner: str, venv: str, target_dir: str, draft: Path | None, prompts,
                "max_new_tokens": max_new, "stop_token_ids": list(stops), "prompts": {"check": prompts}}
     with tempfile.TemporaryDirectory(prefix="dflash2-engines-") as tmp:
         result = Path(tmp) / "result.json"
-        script = Path(engine_peers.__file__).with_name(runner)
+        script = engine_peers.RUNNERS / runner
         proc = subprocess.run([str(python), str(script), str(result)], input=json.dumps(request), text=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         if not result.is_file():

@@ -12,4 +12,4 @@ cd "$(dirname "$0")/../.."
 py="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 [ $# -ge 2 ] || { sed -n '2,10p' "$0"; exit 2; }
-exec "$py" -m dflash2.training.gpu_parts collect "$@"
+exec "$py" -m dflash2.tools.gpu.parts collect "$@"

@@ -17,6 +17,6 @@ py="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 if [ "${1:-}" = --join ]; then
   shift
-  exec "$py" -m dflash2.training.gpu_parts join "$@"
+  exec "$py" -m dflash2.tools.gpu.parts join "$@"
 fi
-exec "$py" -m dflash2.training.gpu_parts split-target "$@"
+exec "$py" -m dflash2.tools.gpu.parts split-target "$@"

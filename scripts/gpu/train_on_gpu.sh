@@ -57,11 +57,11 @@ command -v nvidia-smi > /dev/null && nvidia-smi -L
 
 case "${1:-}" in
   --check)
-    shift; exec "$py" -m dflash2.training.gpu_job check $cuda "$@" ;;
+    shift; exec "$py" -m dflash2.tools.gpu.job check $cuda "$@" ;;
   --smoke)
     [ $# -ge 2 ] || { echo "usage: train_on_gpu.sh --smoke OUT_DIR [--cpu]" >&2; exit 2; }
     out="$2"; shift 2
-    exec "$py" -m dflash2.training.gpu_job smoke "$out" $cuda "$@" ;;
+    exec "$py" -m dflash2.tools.gpu.job smoke "$out" $cuda "$@" ;;
   "" | -h | --help)
     sed -n '2,21p' "$0"; exit 2 ;;
   *)
@@ -69,5 +69,5 @@ case "${1:-}" in
     minutes=9
     if [[ "${1:-}" =~ ^[0-9]+([.][0-9]+)?$ ]]; then minutes="$1"; shift; fi
     [ -n "$cuda" ] || set -- "$@" train.device=cpu
-    exec "$py" -m dflash2.training.gpu_job train "$out" --minutes "$minutes" $cuda "$@" ;;
+    exec "$py" -m dflash2.tools.gpu.job train "$out" --minutes "$minutes" $cuda "$@" ;;
 esac

@@ -38,9 +38,9 @@ _DELEGATED = {
     "bench": ("dflash2.eval.bench", "benchmark acceptance length, speed and losslessness"),
     "analyze": ("dflash2.eval.analyze", "analyse a draft: recall, oracle selector, suffix decay"),
     "yardstick": ("dflash2.eval.yardstick", "real acceptance length of drafts on a fixed held-out + benchmark set"),
-    "export": ("dflash2.export.cli", "export a draft for vLLM, SGLang, MLX dflash or llama.cpp (GGUF)"),
-    "serve": ("dflash2.serve.cli", "OpenAI-compatible server: continuous batching, metrics, playground"),
-    "loadtest": ("dflash2.serve.loadtest", "bounded load test of a dflash2 server on loopback"),
+    "export": ("dflash2.export.command", "export a draft for vLLM, SGLang, MLX dflash or llama.cpp (GGUF)"),
+    "serve": ("dflash2.serve.command", "OpenAI-compatible server: continuous batching, metrics, playground"),
+    "loadtest": ("dflash2.tools.loadtest", "bounded load test of a dflash2 server on loopback"),
 }
 
 

@@ -28,7 +28,7 @@ import torch
 
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder, check_context, effective_block_size
 from dflash2.decoding.policy import SPECULATE_MODES
-from dflash2.decoding.target import TargetAdapter, context_limit
+from dflash2.decoding.verifier import TargetAdapter, context_limit
 from dflash2.errors import DFlash2Error, require
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel

@@ -17,7 +17,7 @@ Contract:
 - `iter_chitchat_conversations()` reads the Chit-Chat Challenge file of the `chitchat-dataset`
   package (MIT; 7,168 human-human open-domain chats): the user turns are the messages of the
   conversation's first speaker, one turn per run of consecutive messages, joined by newlines.
-- The "synthetic" training source is `dflash2.data.synthetic.iter_synthetic_conversations()`:
+- The "synthetic" training source is `dflash2.data.synthetic.conversations.iter_synthetic_conversations()`:
   6,000 seeded code and math prompts written by the project's own templates (no data file).
 - `overlaps_benchmarks(text)` is the usual contamination check: true when the text shares a
   normalised word n-gram with any benchmark prompt text (n = 13, or the whole text for benchmark
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TextIO
 
 from dflash2.data.conversation import Conversation
-from dflash2.data.synthetic import iter_synthetic_conversations
+from dflash2.data.synthetic.conversations import iter_synthetic_conversations
 from dflash2.errors import DFlash2Error
 from dflash2.userjson import parse_json
 

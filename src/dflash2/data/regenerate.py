@@ -40,7 +40,7 @@ from dflash2.targets.chat import encode_prompt, stop_token_ids
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.errors import DFlash2Error, require
 from dflash2.data.shards import Record, ShardWriter
-from dflash2.decoding.target import TargetAdapter
+from dflash2.decoding.verifier import TargetAdapter
 
 
 @dataclass

@@ -33,7 +33,7 @@ from dflash2.decoding.policy import SpeculationPolicy
 from dflash2.decoding.proposer import DraftProposer
 from dflash2.decoding.sampling import RowSampling
 from dflash2.decoding.stats import BatchTiming, Commit, RowStats
-from dflash2.decoding.target import TargetAdapter
+from dflash2.decoding.verifier import TargetAdapter
 from dflash2.decoding.timing import Stopwatch
 from dflash2.errors import require
 from dflash2.model.draft import DFlash2DraftModel

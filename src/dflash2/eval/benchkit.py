@@ -56,7 +56,7 @@ class TinyTokenizer:
 
 def tiny_pipeline(seed: int = 0, speculate: str = "auto") -> Pipeline:
     from dflash2.decoding.engine import SpeculativeDecoder
-    from dflash2.decoding.target import TargetAdapter
+    from dflash2.decoding.verifier import TargetAdapter
     from dflash2.targets.tiny import tiny_draft, tiny_target
 
     target = tiny_target("llama", seed=seed)

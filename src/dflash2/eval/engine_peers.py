@@ -24,13 +24,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+RUNNERS = Path(__file__).resolve().parents[1] / "tools" / "runners"   # out-of-process engine scripts
 
 
 @dataclass(frozen=True)
 class EnginePeer:
     key: str            # report key in results.json
     short: str          # name in --peers
-    runner: str         # runner script beside this module
+    runner: str         # runner script in RUNNERS
     venv: str           # default venv directory
     env: str            # environment variable naming the venv's python
     setup: str          # command that creates the venv
@@ -93,7 +94,7 @@ def engine_peer(spec: EnginePeer, python: str | None, target_dir: str | None, dr
                "max_new_tokens": config.max_new_tokens, "stop_token_ids": list(stop_ids), "prompts": prompts}
     with tempfile.TemporaryDirectory(prefix="dflash2-engine-") as tmp:
         result_file = Path(tmp) / "result.json"
-        runner = Path(__file__).with_name(spec.runner)
+        runner = RUNNERS / spec.runner
         try:
             code, tail = _run_streaming([str(exe), str(runner), str(result_file)], json.dumps(request), timeout)
         except OSError as err:

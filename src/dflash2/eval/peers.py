@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-RUNNER = Path(__file__).with_name("reference_runner.py")
+RUNNER = Path(__file__).resolve().parents[1] / "tools" / "runners" / "reference_runner.py"
 PEER_NAMES = ("hf", "pld", "dflash")   # the peers run here; `engine_peers` adds the engines
 
 

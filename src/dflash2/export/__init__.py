@@ -16,7 +16,7 @@ checkpoint into a new directory, atomically, never over something a user made (a
 Module map: `settings.py` (typed settings and results), `engine_config.py` (the config.json an
 engine reads), `neutral.py` (completing or stripping parts), `hf_layout.py` (safetensors
 directory), `gguf_format.py` + `gguf_vocab.py` (GGUF), `acceptance_cost.py`, `exporter.py` (the
-steps in order), `cli.py` (the command line).
+steps in order), `command.py` (the command line).
 """
 from dflash2.export.exporter import export_draft
 from dflash2.export.settings import FORMS, AcceptanceCost, ExportResult, ExportSettings

@@ -9,6 +9,6 @@ One concept per module:
 - `responses`: response bodies, stream chunks, server-sent events.
 - `metrics`: Prometheus metrics.
 - `app`: the FastAPI routes; `playground.html` / `playground.js`: the page at `/`.
-- `cli`: `dflash2 serve`; `loadtest`: `dflash2 loadtest`; `browser`: headless Chromium driving
-  the playground (tests, the docs screenshot).
+- `command`: `dflash2 serve` (arguments, model loading, uvicorn). The load test (`dflash2 loadtest`)
+  and the headless playground driver live in `dflash2.tools`.
 """

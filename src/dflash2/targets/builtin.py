@@ -21,7 +21,7 @@ Contract:
   Progress goes to stderr.
 - `convert_gguf(gguf, destination, name=None, force=False)` does the same from an explicit GGUF
   file into any directory (a GGUF handed over in parts, on a machine without the PyPI package:
-  `dflash2.training.gpu_job`); `name` (a built-in's) fills the record as `convert_builtin` would.
+  `dflash2.tools.gpu.job`); `name` (a built-in's) fills the record as `convert_builtin` would.
   A missing file or one without the GGUF magic is a one-line `DFlash2Error`.
 - `load_target(name_or_path, device="cpu", dtype=torch.float32)` resolves, then loads
   `(model, tokenizer)` with the Auto classes, in eval mode, never touching the network for

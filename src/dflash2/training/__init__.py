@@ -2,11 +2,11 @@
 
 Modules, one concept each:
     config       frozen per-section dataclasses, YAML, dotted overrides, validation (`load_config`)
-    data         shard directories -> (input_ids, loss_mask) pairs; the deterministic step order
+    dataset      shard directories -> (input_ids, loss_mask) pairs; the deterministic step order
     batches      anchor sampling, packed block inputs, labels, block-sparse attention mask
     features     tapped target features: online hooks, optional on-disk cache
     losses       decayed token CE, selector CE, teacher-forced acceptance metrics (`LossStats`)
-    model        the draft to train (factory, warm start, init_from) and the one-forward training module
+    draft_step   the draft to train (factory, warm start, init_from) and the one-forward training module
     distributed  process group, DDP / FSDP2 wrapping
     checkpoints  atomic checkpoints, resume state, bf16 export
     metrics_log  JSONL metrics and PNG curves

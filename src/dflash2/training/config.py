@@ -179,7 +179,7 @@ class OptimSection(_Section):
     warmup_fraction: float = 0.04
     min_lr_ratio: float = 0.1
     grad_clip: float | None = 1.0
-    clip_selector_separately: bool = True       # the selector gets its own clip norm (training/model.py)
+    clip_selector_separately: bool = True       # the selector gets its own clip norm (training/draft_step.py)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dflash2.data.vocab import coverage, frequency_vocabulary
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import refuse_existing_output
 from dflash2.model.draft import DFlash2DraftModel, read_config
-from dflash2.training.model import with_vocabulary
+from dflash2.training.draft_step import with_vocabulary
 from dflash2.weights import stored_dtype, weight_files
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -47,16 +47,16 @@ from dflash2.argparsing import OneLineParser
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import atomic_write
 from dflash2.pipeline import cpu_has_native_bf16
-from dflash2.decoding.target import TargetAdapter
+from dflash2.decoding.verifier import TargetAdapter
 from dflash2.training import checkpoints as ckpt
 from dflash2.training.batches import Example, build_batch
 from dflash2.training.config import TrainConfig, load_config
-from dflash2.training.data import SequenceOrder, load_sequences, to_pair
+from dflash2.training.dataset import SequenceOrder, load_sequences, to_pair
 from dflash2.training.distributed import Dist
 from dflash2.training.features import FeatureSource, TargetSignals, cache_tag
 from dflash2.training.losses import LossStats, Teacher, label_weights
 from dflash2.training.metrics_log import MetricsLog, plot_curves
-from dflash2.training.model import DraftTrainStep, build_draft, clip_groups
+from dflash2.training.draft_step import DraftTrainStep, build_draft, clip_groups
 from dflash2.training.preflight import RUN_FILES, check_inputs, prepare_run_dir
 
 RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.log_every", "train.eval_every",

@@ -1,10 +1,10 @@
 """Math prompt templates for the synthetic source: interest, equations, quadratics, sequences,
 counting, probability, number theory, exponents, logarithms and functions (word problems and
-short competition-style problems). Written for this project; see `synthetic_math.py`.
+short competition-style problems). Written for this project; see `math.py`.
 """
 from __future__ import annotations
 
-from dflash2.data.synthetic_math import CITIES, NAMES, Template, _poly, _usd, registrar
+from dflash2.data.synthetic.math import CITIES, NAMES, Template, _poly, _usd, registrar
 
 TEMPLATES: list[tuple[str, Template]] = []
 _math = registrar(TEMPLATES)

@@ -2,7 +2,7 @@
 from the files it is handed, trains the draft within a wall-clock budget and hands it back in parts.
 
 Contract:
-- `python -m dflash2.training.gpu_job train OUT_DIR [--minutes M] [--config C] [--require-cuda]
+- `python -m dflash2.tools.gpu.job train OUT_DIR [--minutes M] [--config C] [--require-cuda]
   [--parts DIR] [--work DIR] [--data DIR]... [--part-mb N] [--fresh] [section.key=value ...]`
   (`scripts/gpu/train_on_gpu.sh`), in phases, each timed in the summary:
   1. preflight: every package it needs (one line names all missing ones), CUDA when the config
@@ -46,8 +46,8 @@ from pathlib import Path
 
 from dflash2.argparsing import OneLineParser
 from dflash2.errors import DFlash2Error, require
-from dflash2.training import gpu_parts
-from dflash2.training.gpu_parts import MiB, RETURN_LIMIT
+from dflash2.tools.gpu import parts as gpu_parts
+from dflash2.tools.gpu.parts import MiB, RETURN_LIMIT
 
 MAX_FILES = 8                   # files a device call gives back
 NEEDED = {"torch": "torch", "transformers": "transformers", "safetensors": "safetensors", "numpy": "numpy",
@@ -339,7 +339,7 @@ def write_outputs(run_dir: Path, out_dir: Path, part_bytes: int, summary: dict) 
 def check_lossless(target_model, draft_dir: Path, prompts: list[list[int]], max_new_tokens: int = 12) -> bool:
     """Whether speculative greedy decoding with the draft in `draft_dir` equals plain decoding."""
     from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-    from dflash2.decoding.target import TargetAdapter
+    from dflash2.decoding.verifier import TargetAdapter
     from dflash2.model.draft import DFlash2DraftModel
 
     device = next(target_model.parameters()).device
@@ -356,7 +356,7 @@ def train_job(settings: JobSettings) -> dict:
     import torch
 
     from dflash2.training.config import load_config
-    from dflash2.training.data import load_sequences
+    from dflash2.training.dataset import load_sequences
     from dflash2.training.trainer import autocast_dtype
 
     clock, phases = Clock(settings.minutes * 60, settings.started_at), Phases()
@@ -471,7 +471,7 @@ def _settings(args) -> JobSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m dflash2.training.gpu_job", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m dflash2.tools.gpu.job", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for command in ("train", "smoke", "check"):
         p = sub.add_parser(command)

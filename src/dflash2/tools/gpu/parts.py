@@ -24,7 +24,7 @@ Contract:
 - `tree_bytes(repo)`: what one device call sends before any carried path (tracked and untracked,
   not ignored files); `plan_calls(...)` the call sequence that carries wheels and parts within the
   per-call limit (`DeviceCall`s; `scripts/gpu/split_target.sh` prints it).
-- CLI: `python -m dflash2.training.gpu_parts split-target | status | join | collect`
+- CLI: `python -m dflash2.tools.gpu.parts split-target | status | join | collect`
   (`collect PARTS DEST` unpacks a draft and loads it with `DFlash2DraftModel.from_pretrained`).
 """
 from __future__ import annotations
@@ -448,7 +448,7 @@ def _collect(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m dflash2.training.gpu_parts", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m dflash2.tools.gpu.parts", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     split = sub.add_parser("split-target", help="split a target's GGUF into parts for device calls; print the calls")
     split.add_argument("--target", default="smollm2", help="built-in target whose GGUF to split (and convert there)")

@@ -6,7 +6,7 @@ with a third-person verb ("returns", "checks", ...); `body` is the reference imp
 whose function is named `key` (recursive calls included); `gen(rng)` draws a tuple of valid
 arguments. `run_reference` executes the reference, so the examples and assertions the prompts show
 are computed, never typed by hand. This file holds the helpers and the string, list and
-dictionary tasks (`TEXT_TASKS`); `synthetic_tasks_num.py` holds the number, date, parsing and
+dictionary tasks (`TEXT_TASKS`); `tasks_num.py` holds the number, date, parsing and
 algorithm tasks.
 """
 from __future__ import annotations

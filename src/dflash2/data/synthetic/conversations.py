@@ -4,16 +4,16 @@ Contract:
 - `iter_synthetic_conversations(count=6000, seed=0)` yields `count` single-turn
   `Conversation("synthetic", id, [text])`. Exactly 9 of every 20 are math (grade-school word problems,
   id "math-word-NNNNN", and short competition-style problems, "math-comp-NNNNN", from the 71
-  templates of `synthetic_math*.py`, followed by one of several instructions or none); the rest are
-  programming requests ("code-<style>-NNNNN", from `synthetic_code.py`: Python functions, doctest
+  templates of `math*.py`, followed by one of several instructions or none); the rest are
+  programming requests ("code-<style>-NNNNN", from `code.py`: Python functions, doctest
   stubs, tasks with assertions, explain / fix-the-bug / write-tests / translate requests, and
   JavaScript, C++, SQL, shell and class or file-handling tasks). NNNNN is the prompt's position,
   so ids are unique.
 - Deterministic: prompt i depends only on (seed, i), through its own `random.Random`, so the same
   (count, seed) always gives the same prompts and a smaller count gives a prefix of a larger one.
 - Pure standard library: no network, no file reads; 6000 prompts take well under two seconds.
-- Every sentence, task and reference solution is written in this file and in `synthetic_math*.py`,
-  `synthetic_code.py`, `synthetic_specs.py` and `synthetic_tasks*.py` (145 Python tasks with
+- Every sentence, task and reference solution is written in this file and in `math*.py`,
+  `code.py`, `specs.py` and `tasks*.py` (145 Python tasks with
   reference solutions, plus JavaScript, C++, SQL, shell and design tasks); no text is copied from
   any benchmark or data set.
   Numbers are drawn so that answers are sensible (whole numbers where a word problem expects them);
@@ -26,9 +26,9 @@ from __future__ import annotations
 import random
 from typing import Any, Iterator
 
-from dflash2.data import synthetic_math, synthetic_math_more
+from dflash2.data.synthetic import math as synthetic_math, math_more as synthetic_math_more
 from dflash2.data.conversation import Conversation
-from dflash2.data.synthetic_code import render_code
+from dflash2.data.synthetic.code import render_code
 from dflash2.errors import DFlash2Error
 
 INSTRUCTIONS = ("Show your reasoning step by step.", "Explain each step, then state the final answer.",

@@ -1,10 +1,10 @@
-"""Number, date, parsing and algorithm tasks for the synthetic prompts (see `synthetic_tasks.py`).
+"""Number, date, parsing and algorithm tasks for the synthetic prompts (see `tasks.py`).
 
 Written for this project; each reference solution is executed to produce the prompts' examples.
 """
 from __future__ import annotations
 
-from dflash2.data.synthetic_tasks import WORDS, Task, _date, _email, _ints, _ip, _letters, _mixcase, _roman, \
+from dflash2.data.synthetic.tasks import WORDS, Task, _date, _email, _ints, _ip, _letters, _mixcase, _roman, \
     _sent, _word, _words, adder
 
 NUMBER_TASKS: list[Task] = []

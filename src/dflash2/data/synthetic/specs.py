@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from dflash2.data.synthetic_tasks import WORDS
+from dflash2.data.synthetic.tasks import WORDS
 
 _DIALECTS = ("SQL ", "SQL ", "PostgreSQL ", "MySQL ", "SQLite ")
 _DEPTS = ("Sales", "Engineering", "Support", "Marketing", "Finance", "Research", "Legal", "Operations")

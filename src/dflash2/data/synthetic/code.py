@@ -1,7 +1,7 @@
 """Programming prompts for the synthetic training source (see `synthetic.py` for the contract).
 
 `render_code(rng)` returns (style, text, meta) for one prompt. Python prompts come from the tasks in
-`synthetic_tasks*.py`, rendered as a plain request, a doctest stub to complete, a request with
+`tasks*.py`, rendered as a plain request, a doctest stub to complete, a request with
 assertions to pass, an explain-this-code request, a fix-the-bug request (the bug is a mutation of the
 reference that changes its output on a shown input), a write-the-tests request or a translate /
 refactor request. JavaScript, C++, SQL, shell and class/file design prompts complete the mix. Every
@@ -15,9 +15,9 @@ import re
 import textwrap
 from typing import Any, Callable
 
-from dflash2.data.synthetic_specs import render_cpp_spec, render_design, render_js_spec, render_shell, render_sql
-from dflash2.data.synthetic_tasks import TEXT_TASKS, Task, clone, compile_function
-from dflash2.data.synthetic_tasks_num import NUMBER_TASKS
+from dflash2.data.synthetic.specs import render_cpp_spec, render_design, render_js_spec, render_shell, render_sql
+from dflash2.data.synthetic.tasks import TEXT_TASKS, Task, clone, compile_function
+from dflash2.data.synthetic.tasks_num import NUMBER_TASKS
 
 PY_TASKS: list[Task] = TEXT_TASKS + NUMBER_TASKS
 Render = Callable[[random.Random], "tuple[str, dict[str, Any]]"]

@@ -3,7 +3,7 @@ averages, measurement and geometry (mostly grade-school word problems).
 
 Each template takes a `random.Random` and returns one problem statement, with names, objects and
 numbers drawn so that the answer is sensible (a whole number where a word problem expects one).
-Written for this project; `synthetic_math_more.py` has the algebra, counting and number-theory ones.
+Written for this project; `math_more.py` has the algebra, counting and number-theory ones.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ Contract:
 - `ask(page, url, message, ...)` opens the playground at `url`, sends `message` and waits until the
   answer is done; returns `PlaygroundAnswer` (the text shown, the origin class of every token span,
   and the figures in the stats bar).
-- `python -m dflash2.serve.browser --url URL --message TEXT --out docs/serve-playground.png`
+- `python -m dflash2.tools.browser --url URL --message TEXT --out docs/serve-playground.png`
   takes the docs screenshot of a running server.
 Needs the `playwright` Python package (the test extra) and a Chromium; imports it lazily.
 """
@@ -58,7 +58,7 @@ def ask(page, url: str, message: str, api_key: str | None = None, max_tokens: in
 def main(argv: list[str] | None = None) -> int:
     from playwright.sync_api import sync_playwright
 
-    p = argparse.ArgumentParser(prog="python -m dflash2.serve.browser", description="Screenshot the playground.")
+    p = argparse.ArgumentParser(prog="python -m dflash2.tools.browser", description="Screenshot the playground.")
     p.add_argument("--url", default="http://127.0.0.1:8000/")
     p.add_argument("--message", default="Write a haiku about rivers.")
     p.add_argument("--api-key")
