@@ -61,3 +61,14 @@ def test_a_read_only_file_system_names_the_users_out(work, mounted, capsys):
     disk = mounted("readonly", "ro,size=64k")
     line = one_line(capsys, ["init-draft", "--target", "target", "--out", str(disk / "new")])
     assert "Read-only file system" in line and f"'{disk / 'new'}'" in line, line
+
+
+def test_thread_counts_beyond_the_cores_warn_and_far_beyond_are_refused():
+    from dflash2.errors import DFlash2Error
+    from dflash2.threads import MAX_OVERSUBSCRIPTION, check_threads, usable_cores
+
+    cores = usable_cores()
+    assert check_threads(None) is None and check_threads(cores) is None
+    assert check_threads(cores + 1).startswith("# warning: --threads")
+    with pytest.raises(DFlash2Error, match="more than this machine can run"):
+        check_threads(MAX_OVERSUBSCRIPTION * cores + 1)

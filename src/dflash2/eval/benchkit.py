@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from dflash2.errors import require
 from dflash2.fileio import atomic_write, require_creatable
 from dflash2.pipeline import Pipeline, cpu_has_native_bf16, load_decoder
 from dflash2.data.prompts import BENCHMARKS, Conversation, load_benchmark, load_prompt_file
+from dflash2.threads import check_threads
 
 
 class TinyTokenizer:
@@ -82,7 +84,9 @@ class ModelSettings:
         """The options of `add_model_arguments`, checked."""
         settings = cls(args.target, args.draft, args.device, args.dtype, args.seed, args.threads, args.speculate,
                        args.tiny)
-        require(settings.threads is None or settings.threads > 0, f"--threads must be positive, got {settings.threads}")
+        warning = check_threads(settings.threads)
+        if warning:
+            print(warning, file=sys.stderr)
         return settings
 
     @property
