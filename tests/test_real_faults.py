@@ -65,7 +65,7 @@ def test_a_read_only_file_system_names_the_users_out(work, mounted, capsys):
 
 def test_thread_counts_beyond_the_cores_warn_and_far_beyond_are_refused():
     from dflash2.errors import DFlash2Error
-    from dflash2.threads import MAX_OVERSUBSCRIPTION, check_threads, usable_cores
+    from dflash2.machine import MAX_OVERSUBSCRIPTION, check_threads, usable_cores
 
     cores = usable_cores()
     assert check_threads(None) is None and check_threads(cores) is None

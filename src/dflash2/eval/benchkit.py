@@ -31,7 +31,7 @@ from dflash2.errors import require
 from dflash2.fileio import atomic_write, require_creatable
 from dflash2.pipeline import Pipeline, cpu_has_native_bf16, load_decoder
 from dflash2.data.prompts import BENCHMARKS, Conversation, load_benchmark, load_prompt_file
-from dflash2.threads import check_threads
+from dflash2.machine import check_threads
 
 
 class TinyTokenizer:

@@ -51,7 +51,7 @@ from typing import Callable
 
 import torch
 
-from dflash2.errors import DFlash2Error
+from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import atomic_directory, remove_stale_temporaries
 from dflash2.weights import safetensors_header
 
@@ -349,12 +349,24 @@ def _load_failure(name: str, resolved: str, local: bool, err: Exception) -> str:
             f"hub id failed{offline}: {detail}")
 
 
+def is_draft_checkpoint(directory: Path) -> bool:
+    """A directory whose config.json is a DFlash draft's (it carries `dflash_config`)."""
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False  # not readable as a draft: the target's own checks say what is wrong
+    return isinstance(config, dict) and "dflash_config" in config
+
+
 def open_target(name_or_path: str) -> TargetFiles:
     """Resolve `name_or_path` and read its config and tokenizer (seconds at most; no weights)."""
     from transformers import AutoConfig, AutoTokenizer
 
     resolved = resolve_target(name_or_path)
     local = Path(resolved).is_dir()
+    require(not (local and is_draft_checkpoint(Path(resolved))),
+            f"'{name_or_path}' is a DFlash draft, not a target: give the target model (a built-in name, a local "
+            "Hugging Face model directory or a hub id) as --target, and the draft as --draft")
     try:
         config = AutoConfig.from_pretrained(resolved, local_files_only=local)
         tokenizer = AutoTokenizer.from_pretrained(resolved, local_files_only=local)

@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 from dflash2.argparsing import OneLineParser
 from dflash2.errors import DFlash2Error, require
 from dflash2.serve.settings import API_KEY_ENV, LOOPBACK_HOSTS
-from dflash2.threads import check_threads
+from dflash2.machine import check_threads
 
 MODES = ("speculative", "plain")
 
