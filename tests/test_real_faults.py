@@ -57,10 +57,15 @@ def test_a_full_disk_is_one_line_naming_the_output(argv, work, mounted, capsys):
     assert not temporaries(disk), "a temporary file was left on the full disk"
 
 
-def test_a_read_only_file_system_names_the_users_out(work, mounted, capsys):
+def test_a_read_only_file_system_names_the_users_path_not_a_temporary_one(mounted):
+    from dflash2.fileio import atomic_directory, atomic_write
+
     disk = mounted("readonly", "ro,size=64k")
-    line = one_line(capsys, ["init-draft", "--target", "target", "--out", str(disk / "new")])
-    assert "Read-only file system" in line and f"'{disk / 'new'}'" in line, line
+    for write, path in ((atomic_directory, disk / "run"), (lambda p: atomic_write(p, "w"), disk / "table.md")):
+        with pytest.raises(OSError) as info:
+            with write(path):
+                pass
+        assert info.value.strerror == "Read-only file system" and info.value.filename == str(path), info.value
 
 
 def test_thread_counts_beyond_the_cores_warn_and_far_beyond_are_refused():
@@ -72,3 +77,20 @@ def test_thread_counts_beyond_the_cores_warn_and_far_beyond_are_refused():
     assert check_threads(cores + 1).startswith("# warning: --threads")
     with pytest.raises(DFlash2Error, match="more than this machine can run"):
         check_threads(MAX_OVERSUBSCRIPTION * cores + 1)
+
+
+@pytest.mark.parametrize("argv", [
+    ("yardstick", "--draft", "draft", "--data", "data", "--table", "{disk}/table.md"),
+    ("bench", "--tiny", "--num-prompts", "1", "--output", "{disk}/bench"),
+    ("init-draft", "--target", "target", "--out", "{disk}/draft"),
+], ids=["yardstick --table", "bench --output", "init-draft --out"])
+def test_an_unwritable_output_is_refused_before_any_work(argv, work, mounted, capsys, monkeypatch):
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model started loading before the unwritable output was refused")
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr("dflash2.eval.benchkit.tiny_pipeline", refuse)
+    disk = mounted("readonly", "ro,size=64k")
+    line = one_line(capsys, [part.format(disk=disk) for part in argv])
+    assert "is not writable" in line and str(disk) in line, line

@@ -195,7 +195,7 @@ def _report(pipe, result) -> dict:
     return {
         "text": pipe.tokenizer.decode(result.tokens, skip_special_tokens=True),
         "new_tokens": stats["new_tokens"], "finish_reason": result.finish_reason,
-        "acceptance_length": stats["acceptance_length"],
+        "acceptance_length": stats["acceptance_length"] if stats["cycles"] else None,  # undefined without a cycle
         "tokens_per_second": stats["new_tokens"] / timing.total_seconds if timing.total_seconds else 0.0,
         "cycles": stats["cycles"], "plain_steps": stats["plain_steps"],
         "drafts_verified_per_cycle": stats["mean_drafts_verified"], "draft_lengths": stats["draft_lengths"],
@@ -207,8 +207,9 @@ def _report(pipe, result) -> dict:
 
 def _print_report(report: dict) -> None:
     print("---")
+    length = "n/a (no cycle drafted)" if report["acceptance_length"] is None else f"{report['acceptance_length']:.2f}"
     print(f"new tokens: {report['new_tokens']} ({report['finish_reason']}) | cycles: {report['cycles']} | "
-          f"acceptance length: {report['acceptance_length']:.2f} | {report['tokens_per_second']:.1f} tok/s")
+          f"acceptance length: {length} | {report['tokens_per_second']:.1f} tok/s")
     if report["plain_steps"]:
         print(f"plain steps (no draft): {report['plain_steps']} ({report['fallback_seconds']:.2f} s)")
     if report["cycles"]:

@@ -14,7 +14,9 @@ Contract:
   non-empty directory is refused unless the user passed `force_flag`; even then the command
   replaces only what it writes there (`writes`, named in the message), never anything else.
   `require_creatable(path, flag)` is its check for a path that does not exist yet (none of its
-  parents may be a file).
+  parents may be a file), and `require_writable(path, flag)` checks, before any work, that the
+  file system lets this process write there (the path, or its nearest existing folder: a
+  read-only mount or a folder without write permission is refused).
 - `remove_own(directory, names)` removes exactly the named entries of `directory` (a command's own
   outputs, on the user's explicit request), nothing else.
 - `remove_stale_temporaries(directory, names)` removes what an interrupted (killed) write of one
@@ -146,13 +148,22 @@ def require_creatable(path: str | os.PathLike, flag: str) -> None:
     require(blocking is None, f"{flag} '{path}': '{blocking}' is a file, not a directory; choose another path")
 
 
+def require_writable(path: str | os.PathLike, flag: str) -> None:
+    path = Path(path)
+    require_creatable(path, flag)
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    require(os.access(existing, os.W_OK), f"{flag} '{path}': '{existing}' is not writable (a read-only file system "
+                                          "or no permission); choose another path")
+
+
 def refuse_existing_output(path: str | os.PathLike, force: bool, flag: str, force_flag: str, writes: str) -> None:
     """Raise a one-line `DFlash2Error` unless the command may write its outputs (`writes`) into `path`."""
     path = Path(path)
     if not path.exists():
-        require_creatable(path, flag)
+        require_writable(path, flag)
         return
     require(path.is_dir(), f"{flag} '{path}' exists and is not a directory; choose a new directory")
+    require_writable(path, flag)
     if force or not any(path.iterdir()):
         return
     raise DFlash2Error(f"{flag} '{path}' already exists and is not empty; choose a new directory, or pass "

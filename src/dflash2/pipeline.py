@@ -17,6 +17,8 @@ Contract:
 - `load_decoder(...)` = `prepare_decoder(...).load()` -> `Pipeline` with the decoder, the
   tokenizer, the stop tokens and a one-line description of the draft in use ("untrained" when no
   trained draft exists for that target).
+  `draft=None` there means the default draft (the shipped one); `draft=NO_DRAFT` means none
+  (the same as `no_draft=True`).
 """
 from __future__ import annotations
 
@@ -200,7 +202,21 @@ def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: s
                        trained)
 
 
-def load_decoder(target: str = "smollm2", draft: str | None = None, device: str = "cpu",
+class _NoDraft:
+    """The `draft=` value that means plain autoregressive decoding (`draft=None` means the default draft)."""
+
+    def __repr__(self) -> str:
+        return "NO_DRAFT"
+
+
+NO_DRAFT = _NoDraft()
+
+
+def load_decoder(target: str = "smollm2", draft: "str | _NoDraft | None" = None, device: str = "cpu",
                  dtype: str = "float32", no_draft: bool = False, draft_dtype: str = "auto",
                  speculate: str = "auto") -> Pipeline:
+    """`draft`: a checkpoint directory; None, the shipped draft for a built-in target (an untrained
+    one for other targets); `NO_DRAFT` (or `no_draft=True`), no draft at all."""
+    if draft is NO_DRAFT:
+        draft, no_draft = None, True
     return prepare_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate).load()

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from dflash2.errors import require
-from dflash2.fileio import atomic_write, require_creatable
+from dflash2.fileio import atomic_write, require_writable
 from dflash2.pipeline import Pipeline, cpu_has_native_bf16, load_decoder
 from dflash2.data.prompts import BENCHMARKS, Conversation, load_benchmark, load_prompt_file
 from dflash2.machine import check_threads
@@ -122,7 +122,7 @@ def add_model_arguments(parser) -> None:
 def check_output(path: str, flag: str = "--output") -> None:
     """An output directory of bench / analyze: new or a directory (they write only their own files there)."""
     require(not Path(path).exists() or Path(path).is_dir(), f"{flag} '{path}' exists and is not a directory")
-    require_creatable(path, flag)
+    require_writable(path, flag)
 
 
 def parse_list(text: str, what: str) -> list[str]:
