@@ -59,11 +59,16 @@ def _sha256_json(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def target_fields(name: str, model) -> dict:
-    """What identifies the target: its name, architecture, config hash and a weights fingerprint."""
-    config = model.config.to_dict()
+def config_sha256(config) -> str:
+    """The hash of a target's Hugging Face config, without what varies between loads of one model."""
+    config = config.to_dict()
     for volatile in ("transformers_version", "_name_or_path", "dtype", "torch_dtype"):
         config.pop(volatile, None)
+    return _sha256_json(config)
+
+
+def target_fields(name: str, model) -> dict:
+    """What identifies the target: its name, architecture, config hash and a weights fingerprint."""
     weights = hashlib.sha256()
     with torch.no_grad():
         for param_name, param in sorted(model.state_dict().items()):
@@ -72,7 +77,7 @@ def target_fields(name: str, model) -> dict:
     return {"name": name, "model_type": model.config.model_type, "vocab_size": model.config.vocab_size,
             "num_hidden_layers": getattr(model.config, "num_hidden_layers", None),
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-            "config_sha256": _sha256_json(config), "weights_fingerprint": weights.hexdigest()[:16]}
+            "config_sha256": config_sha256(model.config), "weights_fingerprint": weights.hexdigest()[:16]}
 
 
 def tokenizer_fields(tokenizer) -> dict:

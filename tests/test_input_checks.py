@@ -1,0 +1,36 @@
+"""Input the commands used to accept or misreport: data made by another target, a config's
+`target=NAME` override, "no draft" in the Python API, and an acceptance length that is undefined."""
+from __future__ import annotations
+
+import json
+
+from dflash2.cli import main
+from dflash2.training.config import load_config
+from dflash2.training.preflight import check_inputs
+from matrix_util import made_by, template, work, write_shards  # noqa: F401 (fixtures)
+
+
+def test_data_made_by_the_configured_target_is_accepted(work):
+    from dflash2.targets.builtin import load_target
+
+    write_shards(work / "data-mine", fields=made_by(load_target("target")[0]))
+    check_inputs(load_config("train.yaml", ["data.train=[data-mine]"]))  # no error: the same target
+
+
+def test_target_name_is_a_top_level_override(work):
+    assert load_config("train.yaml", ["target=gemma3"]).target.name == "gemma3"
+    assert load_config("train.yaml", ["target.name=gemma3"]).target.name == "gemma3"
+
+
+def test_json_acceptance_length_is_null_without_a_drafted_cycle(work, capsys):
+    assert main(["generate", "--prompt", "hi", "--target", "target", "--no-draft", "--json",
+                 "--max-new-tokens", "4"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["cycles"] == 0 and report["acceptance_length"] is None
+
+
+def test_no_draft_has_a_name_in_the_python_api(work):
+    from dflash2.pipeline import NO_DRAFT, load_decoder
+
+    assert load_decoder("target", draft=NO_DRAFT).decoder.draft is None
+    assert load_decoder("target", draft=None).decoder.draft is not None  # None still means the default draft
