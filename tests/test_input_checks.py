@@ -34,3 +34,23 @@ def test_no_draft_has_a_name_in_the_python_api(work):
 
     assert load_decoder("target", draft=NO_DRAFT).decoder.draft is None
     assert load_decoder("target", draft=None).decoder.draft is not None  # None still means the default draft
+
+
+def test_a_first_regenerate_run_that_fails_leaves_no_manifest(work, capsys, monkeypatch):
+    """A failure before any record is stored leaves nothing, so the corrected rerun is not refused."""
+    from dflash2.data import regenerate
+
+    real = regenerate.SpeculativeDecoder.generate
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("the decoder failed")
+    monkeypatch.setattr(regenerate.SpeculativeDecoder, "generate", fail)
+    argv = ["regenerate", "--target", "target", "--source", "synthetic", "--out", "new", "--num-prompts", "2",
+            "--no-progress", "--max-new-tokens", "8"]
+    try:
+        main(argv)
+    except RuntimeError:
+        pass
+    assert not (work / "new").exists()
+    monkeypatch.setattr(regenerate.SpeculativeDecoder, "generate", real)
+    assert main(argv[:-1] + ["4"]) == 0 and (work / "new" / "manifest.json").is_file()

@@ -37,7 +37,9 @@ from tqdm import tqdm
 
 from dflash2.argparsing import OneLineParser
 from dflash2.targets.chat import encode_prompt, stop_token_ids
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder, check_context, effective_block_size
+from dflash2.decoding.verifier import context_limit
+from dflash2.model.shape import target_text_config
 from dflash2.errors import DFlash2Error, require
 from dflash2.data.shards import Record, ShardWriter
 from dflash2.decoding.verifier import TargetAdapter
@@ -51,6 +53,17 @@ class Prompt:
 
 def _say(message: str) -> None:
     tqdm.write(f"dflash2 regenerate: {message}", file=sys.stderr)
+
+
+def check_fits_context(prompts: list[Prompt], files, draft, max_new_tokens: int) -> None:
+    """The engine's context rule for the longest prompt, before the target's weights load."""
+    config = GenerationConfig(max_new_tokens=max_new_tokens)
+    block = effective_block_size(None if draft is None else draft.config, config)
+    longest = max(len(p.tokens) for p in prompts) if prompts else 1
+    try:
+        check_context(longest, config, block, context_limit(target_text_config(files.config)))
+    except DFlash2Error as err:
+        raise DFlash2Error(f"--max-new-tokens {max_new_tokens}: the longest prompt does not fit ({err})") from None
 
 
 # --------------------------------------------------------------------------- manifest fields
@@ -215,8 +228,10 @@ def regenerate(target: str, out_dir: str | Path, num_prompts: int, max_new_token
     files = open_target(target)
     if draft is not None:
         check_draft_fits(draft.config, files, draft_label)
-    model, tokenizer = load_target_model(files), files.tokenizer
+    tokenizer = files.tokenizer
     prompts = encode_training_prompts(tokenizer, num_prompts, seed, prompts_source, max_prompt_tokens)
+    check_fits_context(prompts, files, draft, max_new_tokens)
+    model = load_target_model(files)
     stop_ids = stop_token_ids(tokenizer, model.config)
     template = getattr(tokenizer, "chat_template", None)
     fields = {
