@@ -54,3 +54,10 @@ def test_a_first_regenerate_run_that_fails_leaves_no_manifest(work, capsys, monk
     assert not (work / "new").exists()
     monkeypatch.setattr(regenerate.SpeculativeDecoder, "generate", real)
     assert main(argv[:-1] + ["4"]) == 0 and (work / "new" / "manifest.json").is_file()
+
+
+def test_an_unavailable_peer_is_said_on_the_terminal(work, capsys):
+    assert main(["bench", "--tiny", "--datasets", "gsm8k", "--num-prompts", "1", "--max-new-tokens", "4",
+                 "--peers", "vllm", "--output", "out"]) == 0
+    err = capsys.readouterr().err
+    assert any(line.startswith("# peers: ") and "unavailable" in line and "venv" in line for line in err.splitlines()), err
