@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -66,6 +67,8 @@ def _generate_parser(sub) -> None:
                         "decoding when drafting does not pay; always: verify the whole block every cycle; never: plain")
     p.add_argument("--compare", action="store_true", help="also run the autoregressive baseline and compare")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure the cost model again instead of using the one stored for this machine and target")
 
 
 def _init_draft_parser(sub) -> None:
@@ -100,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_generate(args) -> int:
+    from dflash2.decoding.calibration import RECALIBRATE_ENV
     from dflash2.decoding.engine import GenerationConfig
     from dflash2.pipeline import prepare_decoder
     from dflash2.targets.chat import encode_messages, encode_prompt
@@ -110,6 +114,8 @@ def cmd_generate(args) -> int:
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, block_size=args.block_size, seed=args.seed)
     config.validate()
+    if args.recalibrate:
+        os.environ[RECALIBRATE_ENV] = "1"
     if args.prompt is not None:
         require(args.prompt.strip() != "", "empty prompt: --prompt has no text")
     messages = read_messages(args.messages) if args.messages is not None else None

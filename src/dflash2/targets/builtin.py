@@ -51,6 +51,7 @@ from typing import Callable
 
 import torch
 
+from dflash2.cache import cache_dir  # noqa: F401 (also this module's public name)
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import atomic_directory, remove_stale_temporaries
 from dflash2.weights import safetensors_header
@@ -150,14 +151,6 @@ DEFAULT_TARGET = "smollm2"
 def builtins_shaped(shape: TargetShape) -> list[str]:
     """Names of the built-in targets of exactly this shape."""
     return [name for name, spec in BUILTIN_TARGETS.items() if spec.shape == shape]
-
-
-def cache_dir() -> Path:
-    """Root of dflash2's cache: `$DFLASH2_CACHE` if set, else `~/.cache/dflash2`."""
-    override = os.environ.get("DFLASH2_CACHE")
-    if override:
-        return Path(override).expanduser()
-    return Path.home() / ".cache" / "dflash2"
 
 
 def builtin_dir(name: str) -> Path:
