@@ -130,7 +130,7 @@ def test_prompt_file(tmp_path):
 
 
 @pytest.mark.parametrize("line, problem", [
-    ('{"prompt": "ok"', "invalid JSON"),
+    ('{"prompt": "ok"', "not valid JSON"),
     ('["a list"]', "expected a JSON object"),
     ('{"text": "no prompt"}', "exactly one of 'prompt'"),
     ('{"prompt": "a", "turns": ["b"]}', "exactly one of 'prompt'"),

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from dflash2.errors import DFlash2Error, require
+from dflash2.machine import check_threads
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -90,7 +91,9 @@ class ModelSettings:
         """The options of `add_model_arguments`, checked."""
         settings = cls(args.target, args.draft, args.device, args.dtype, args.seed, args.threads, args.speculate,
                        args.tiny, getattr(args, "proposer", None))
-        require(settings.threads is None or settings.threads > 0, f"--threads must be positive, got {settings.threads}")
+        warning = check_threads(settings.threads)
+        if warning:
+            print(warning, file=sys.stderr)
         return settings
 
     @property

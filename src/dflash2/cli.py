@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ from dflash2.argparsing import OneLineParser, run_command
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import refuse_existing_output
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape
+from dflash2.userjson import parse_json
 
 # Subcommands implemented in their own modules: name -> (module, help).
 _DELEGATED = {
@@ -71,6 +73,8 @@ def _generate_parser(sub) -> None:
                         "one expected to commit more); default: the draft's, plain decoding with --no-draft")
     p.add_argument("--compare", action="store_true", help="also run the autoregressive baseline and compare")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure the cost model again instead of using the one stored for this machine and target")
 
 
 def _init_draft_parser(sub) -> None:
@@ -105,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_generate(args) -> int:
+    from dflash2.decoding.calibration import RECALIBRATE_ENV
     from dflash2.decoding.engine import GenerationConfig
     from dflash2.pipeline import prepare_decoder
     from dflash2.targets.chat import encode_messages, encode_prompt
@@ -115,6 +120,8 @@ def cmd_generate(args) -> int:
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, block_size=args.block_size, seed=args.seed)
     config.validate()
+    if args.recalibrate:
+        os.environ[RECALIBRATE_ENV] = "1"
     if args.prompt is not None:
         require(args.prompt.strip() != "", "empty prompt: --prompt has no text")
     messages = read_messages(args.messages) if args.messages is not None else None
@@ -160,10 +167,7 @@ def read_messages(path: str) -> list:
         raise DFlash2Error(f"--messages '{path}': {err.strerror or err}") from None
     except UnicodeDecodeError as err:
         raise DFlash2Error(f"--messages '{path}' is not UTF-8 text (byte {err.start})") from None
-    try:
-        messages = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise DFlash2Error(f"--messages '{path}' is not valid JSON: {err}") from None
+    messages = parse_json(text, f"--messages '{path}'")
     require(isinstance(messages, list), f"--messages '{path}' must hold a JSON list of messages")
     check_messages(messages, f"--messages '{path}': ")
     return messages
@@ -203,7 +207,7 @@ def _report(pipe, result) -> dict:
     return {
         "text": pipe.tokenizer.decode(result.tokens, skip_special_tokens=True),
         "new_tokens": stats["new_tokens"], "finish_reason": result.finish_reason,
-        "acceptance_length": stats["acceptance_length"],
+        "acceptance_length": stats["acceptance_length"] if stats["cycles"] else None,  # undefined without a cycle
         "tokens_per_second": stats["new_tokens"] / timing.total_seconds if timing.total_seconds else 0.0,
         "cycles": stats["cycles"], "plain_steps": stats["plain_steps"],
         "drafts_verified_per_cycle": stats["mean_drafts_verified"], "draft_lengths": stats["draft_lengths"],
@@ -216,8 +220,9 @@ def _report(pipe, result) -> dict:
 
 def _print_report(report: dict) -> None:
     print("---")
+    length = "n/a (no cycle drafted)" if report["acceptance_length"] is None else f"{report['acceptance_length']:.2f}"
     print(f"new tokens: {report['new_tokens']} ({report['finish_reason']}) | cycles: {report['cycles']} | "
-          f"acceptance length: {report['acceptance_length']:.2f} | {report['tokens_per_second']:.1f} tok/s")
+          f"acceptance length: {length} | {report['tokens_per_second']:.1f} tok/s")
     if report["plain_steps"]:
         print(f"plain steps (no draft): {report['plain_steps']} ({report['fallback_seconds']:.2f} s)")
     if report["accepted_by_source"]:

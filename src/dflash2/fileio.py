@@ -7,13 +7,16 @@ Contract:
   directory beside the destination and swaps it in only when everything inside was written (an
   existing destination is replaced: callers own it, or asked for it through
   `refuse_existing_output`). Both leave modes as the user's umask makes them (files
-  0666 & ~umask, directories 0777 & ~umask), like any ordinary new file.
+  0666 & ~umask, directories 0777 & ~umask), like any ordinary new file. An `OSError` (a full or
+  read-only file system) names the user's path, never the hidden temporary one.
 - `refuse_existing_output(path, force, flag, force_flag, writes)` is the one rule for every
   command that writes a directory: a new or empty directory is fine, a file is refused, a
   non-empty directory is refused unless the user passed `force_flag`; even then the command
   replaces only what it writes there (`writes`, named in the message), never anything else.
   `require_creatable(path, flag)` is its check for a path that does not exist yet (none of its
-  parents may be a file).
+  parents may be a file), and `require_writable(path, flag)` checks, before any work, that the
+  file system lets this process write there (the path, or its nearest existing folder: a
+  read-only mount or a folder without write permission is refused).
 - `remove_own(directory, names)` removes exactly the named entries of `directory` (a command's own
   outputs, on the user's explicit request), nothing else.
 - `remove_stale_temporaries(directory, names)` removes what an interrupted (killed) write of one
@@ -61,15 +64,41 @@ def _publish(root: Path) -> None:
         os.chmod(root, 0o666 & ~mask)
 
 
+def _user_path(err: OSError, tmp_prefix: str, path: Path) -> OSError:
+    """`err` with a file name inside our temporary file or tree replaced by the user's `path`."""
+    name = str(err.filename or "")
+    if not name.startswith(tmp_prefix):
+        return err
+    rest = name[len(tmp_prefix):]
+    inside = rest.split(os.sep, 1)[1] if os.sep in rest else ""
+    return type(err)(err.errno, err.strerror, str(path / inside) if inside else str(path))
+
+
+@contextlib.contextmanager
+def _user_named_errors(tmp_prefix: str, path: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as err:
+        renamed = _user_path(err, tmp_prefix, path)
+        if renamed is err:
+            raise
+        raise renamed from None
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to `path` for a writer that wants a file name; on success the
     file is synced, given the usual mode and renamed over `path`."""
     path = Path(path).absolute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
+    with _user_named_errors(str(path.parent / f".{path.name}."), path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        tmp = Path(name)
+        yield from _finish_file(tmp, path)
+
+
+def _finish_file(tmp: Path, path: Path) -> Iterator[Path]:
     try:
         yield tmp
         fd = os.open(tmp, os.O_RDONLY)
@@ -96,8 +125,13 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator:
 def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a fresh temporary directory; on success it replaces `path` (an old one is removed)."""
     path = Path(path).resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    with _user_named_errors(str(path.parent / f".{path.name}."), path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        yield from _finish_directory(tmp, path)
+
+
+def _finish_directory(tmp: Path, path: Path) -> Iterator[Path]:
     try:
         yield tmp
         _publish(tmp)
@@ -120,13 +154,22 @@ def require_creatable(path: str | os.PathLike, flag: str) -> None:
     require(blocking is None, f"{flag} '{path}': '{blocking}' is a file, not a directory; choose another path")
 
 
+def require_writable(path: str | os.PathLike, flag: str) -> None:
+    path = Path(path)
+    require_creatable(path, flag)
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    require(os.access(existing, os.W_OK), f"{flag} '{path}': '{existing}' is not writable (a read-only file system "
+                                          "or no permission); choose another path")
+
+
 def refuse_existing_output(path: str | os.PathLike, force: bool, flag: str, force_flag: str, writes: str) -> None:
     """Raise a one-line `DFlash2Error` unless the command may write its outputs (`writes`) into `path`."""
     path = Path(path)
     if not path.exists():
-        require_creatable(path, flag)
+        require_writable(path, flag)
         return
     require(path.is_dir(), f"{flag} '{path}' exists and is not a directory; choose a new directory")
+    require_writable(path, flag)
     if force or not any(path.iterdir()):
         return
     raise DFlash2Error(f"{flag} '{path}' already exists and is not empty; choose a new directory, or pass "
@@ -167,7 +210,7 @@ def remove_stale_temporaries(directory: str | os.PathLike, names: str, min_age_s
 def check_output(path: str, flag: str = "--output") -> None:
     """An output directory of bench / analyze: new or a directory (they write only their own files there)."""
     require(not Path(path).exists() or Path(path).is_dir(), f"{flag} '{path}' exists and is not a directory")
-    require_creatable(path, flag)
+    require_writable(path, flag)
 
 
 def write_json(path: str | os.PathLike, obj) -> None:

@@ -23,10 +23,12 @@ Contract:
 - `tiny_pipeline(seed, speculate)`: a random tiny Llama target and DFlash2 draft (`targets.tiny`)
   with the character-level `TinyTokenizer` (seconds on a CPU; the hidden `--tiny` option, tests).
   `build_pipeline(model)` loads what a command's `ModelSettings` name (tiny or real).
+  `draft=None` there means the default draft (the shipped one); `draft=NO_DRAFT` means none
+  (the same as `no_draft=True`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -39,6 +41,7 @@ from dflash2.decoding.policy import SPECULATE_MODES
 from dflash2.decoding.verifier import TargetAdapter, context_limit
 from dflash2.dtypes import parse_dtype
 from dflash2.errors import DFlash2Error, require
+from dflash2.machine import require_memory
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
@@ -63,10 +66,35 @@ def draft_dtype_for(name: str, device: str, target_dtype: torch.dtype) -> torch.
     return target_dtype
 
 
+def draft_parameters(target_config, shape: DraftShape, mask_token_id: int) -> int:
+    """The parameter count of a draft of `shape`, from drafts of one and two layers built on the
+    meta device (no memory): the rest of the shape adds the same tensors once per layer."""
+    counts = []
+    for layers in (1, 2):
+        config = DFlash2Config.for_target(target_config, replace(shape, num_layers=layers), mask_token_id=mask_token_id)
+        with torch.device("meta"):
+            counts.append(sum(p.numel() for p in DFlash2DraftModel(config).parameters()))
+    return counts[0] + (shape.num_layers - 1) * (counts[1] - counts[0])
+
+
+def check_draft_shape(target_config, shape: DraftShape, mask_token_id: int) -> None:
+    """Refuse a shape no command could use (a block that fills the target's context) or that this
+    machine cannot hold (float32 weights, twice: the model and the copy written out)."""
+    limit = context_limit(target_text_config(target_config))
+    require(shape.block_size <= limit - 2,
+            f"--block-size {shape.block_size} leaves no room in the target's context of {limit} positions (a prompt "
+            f"token, the block and a new token must fit); use at most {limit - 2} (trained drafts use 8-16)")
+    nbytes = 2 * 4 * draft_parameters(target_config, shape, mask_token_id)
+    require_memory(nbytes, f"a draft with {shape.num_layers} layers and MLP width "
+                           f"{shape.intermediate_size or target_text_config(target_config).intermediate_size}",
+                   "use fewer --layers or a smaller --intermediate-size")
+
+
 def new_draft(target_config, tokenizer, shape: DraftShape = DEFAULT_SHAPE, seed: int = 0) -> DFlash2DraftModel:
     """An untrained draft of `shape` (default: the published shape) for a target's Hugging Face
-    config (the target's weights are not needed), in eval mode."""
+    config (the target's weights are not needed), in eval mode; `check_draft_shape` first."""
     mask = choose_mask_token(tokenizer, target_text_config(target_config).vocab_size)
+    check_draft_shape(target_config, shape, mask)
     return create_draft(target_config, shape, mask_token_id=mask, seed=seed).eval()
 
 
@@ -192,9 +220,23 @@ def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: s
                        trained, proposer)
 
 
-def load_decoder(target: str = "smollm2", draft: str | None = None, device: str = "cpu",
+class _NoDraft:
+    """The `draft=` value that means plain autoregressive decoding (`draft=None` means the default draft)."""
+
+    def __repr__(self) -> str:
+        return "NO_DRAFT"
+
+
+NO_DRAFT = _NoDraft()
+
+
+def load_decoder(target: str = "smollm2", draft: "str | _NoDraft | None" = None, device: str = "cpu",
                  dtype: str = "float32", no_draft: bool = False, draft_dtype: str = "auto",
                  speculate: str = "auto", proposer: str | None = None) -> Pipeline:
+    """`draft`: a checkpoint directory; None, the shipped draft for a built-in target (an untrained
+    one for other targets); `NO_DRAFT` (or `no_draft=True`), no draft at all."""
+    if draft is NO_DRAFT:
+        draft, no_draft = None, True
     return prepare_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate, proposer).load()
 
 

@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterable, Iterator, TextIO
 from dflash2.data.conversation import Conversation
 from dflash2.data.synthetic.conversations import iter_synthetic_conversations
 from dflash2.errors import DFlash2Error, require
+from dflash2.userjson import parse_json
 
 BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
 
@@ -158,11 +159,7 @@ def load_prompt_file(path: str | os.PathLike) -> list[Conversation]:
     for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            problem = f"invalid JSON ({exc.msg} at column {exc.colno})"
-            raise DFlash2Error(f"{path}:{lineno}: {problem}") from None
+        obj = parse_json(line, f"{path}:{lineno}: this line")
         turns, problem = _parse_prompt_line(obj)
         if turns is None:
             raise DFlash2Error(f"{path}:{lineno}: {problem}")

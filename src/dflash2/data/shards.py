@@ -13,7 +13,8 @@ Contract:
   shard every `shard_size` records (`add`), on `flush`, and on `close` (also as a context
   manager, even when the block raises). Each shard is written atomically, then the manifest is
   rewritten atomically, so an interruption loses at most the records not yet flushed; a shard file
-  that never made it into the manifest is ignored and later overwritten.
+  that never made it into the manifest is ignored and later overwritten. A first session that
+  raises before storing any record removes its manifest (and the directory, if it made it).
 - The manifest holds the format version, the dflash2 version, creation / update times, the
   caller's `manifest_fields` (target, tokenizer, prompts, sampling, ...: free-form JSON), the
   counts (records, prompt tokens, response tokens, finish reasons), one entry per shard (file name,
@@ -251,10 +252,12 @@ class ShardWriter:
         self.buffer: list[Record] = []
         self.closed = False
         check_output_dir(self.out_dir)
+        self._made_dir = not self.out_dir.exists()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._lock = self._acquire_lock()
         try:
             resuming = (self.out_dir / MANIFEST).exists()
+            self._fresh = not resuming
             self.manifest = self._open_manifest(manifest_fields)
             self.ids = done_ids(self.out_dir) if resuming else set()
         except BaseException:
@@ -354,3 +357,9 @@ class ShardWriter:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+        if exc_info[0] is not None and self._fresh and not self.manifest["shards"]:
+            # a first run that failed before storing a record leaves nothing behind: a corrected
+            # rerun (other settings) must not be refused as a continuation of it
+            (self.out_dir / MANIFEST).unlink(missing_ok=True)
+            if self._made_dir and not any(self.out_dir.iterdir()):
+                self.out_dir.rmdir()

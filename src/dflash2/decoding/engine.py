@@ -35,6 +35,7 @@ from typing import Iterator
 import torch
 
 from dflash2.decoding.acceptance import greedy_accept, sample_accept, target_probs
+from dflash2.decoding.calibration import calibrate_cached
 from dflash2.decoding.context import check_context, effective_block_size
 from dflash2.decoding.lookup import Lookup, LookupProposer, SuffixStore
 from dflash2.decoding.policy import Choice, CycleRecord, Offer, SpeculationPolicy
@@ -243,7 +244,7 @@ class DecodeSession:
         pending, self._pending = self._pending, []
         block = max(self.decoder.block_size(c) for _, _, c in pending)
         if self.policy.mode == "auto" and not self.policy.costs.calibrated and block > 1:
-            self.policy.costs.calibrate(self.target, block)      # once per decoder, not counted as decoding time
+            calibrate_cached(self.policy.costs, self.target, block)  # once per decoder (stored per machine), not counted
             self._clock = time.perf_counter() if not self.rows else self._clock
         with self.watch("prefill"):
             clock = time.perf_counter()

@@ -232,6 +232,9 @@ def run_peers(pipe: Pipeline, settings: BenchSettings, config, prompts, ar_outpu
                 if report.get("status") == "ok":
                     store.save(f"peers-{spec.short}", report)
             reports[spec.key] = report
+    for key, report in reports.items():  # the terminal says so too, not only the results files
+        if report.get("status") != "ok":
+            print(f"# peers: {key} {report.get('status')}: {report.get('reason', '')}", file=sys.stderr)
     return reports
 
 

@@ -35,7 +35,7 @@ from dflash2.argparsing import OneLineParser
 from dflash2.data.shards import load_manifest, read_records
 from dflash2.decoding.engine import DRAFT_PHASES, GenerationConfig
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import atomic_write
+from dflash2.fileio import atomic_write, require_writable
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.pipeline import load_decoder
 from dflash2.provenance import cpu_model, git_commit, machine_identity
@@ -179,6 +179,10 @@ def parse_args(argv):
     for name in ("heldout", "per_benchmark", "max_new_tokens", "batch_size"):
         require(getattr(args, name) > 0, f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     require(args.arm is None or len(args.arm) == len(args.draft), "give one --arm per --draft (or none)")
+    table = Path(args.table)  # checked before minutes of measuring, like bench's --output
+    require(not table.is_dir(), f"--table '{table}' is a directory; give a markdown file")
+    require_writable(table, "--table")
+    require_writable(table.with_suffix(".jsonl"), "--table")
     for draft in args.draft:  # every draft is checked (config, weights) before the first one is measured
         try:
             DFlash2DraftModel.from_pretrained(draft)

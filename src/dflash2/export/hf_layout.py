@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from safetensors.torch import save_file
+import torch
 
 from dflash2.dtypes import DTYPES
 from dflash2.model.draft import DFlash2DraftModel
+from dflash2.tensorfiles import save_safetensors
 
 
 def write_checkpoint(model: DFlash2DraftModel, config_dict: dict, directory: Path, dtype: str) -> list[Path]:
@@ -22,5 +23,5 @@ def write_checkpoint(model: DFlash2DraftModel, config_dict: dict, directory: Pat
     state = {name: tensor.detach().to(torch_dtype).contiguous() for name, tensor in model.state_dict().items()}
     config_file, weights_file = directory / "config.json", directory / "model.safetensors"
     config_file.write_text(json.dumps(config_dict, indent=2) + "\n")
-    save_file(state, str(weights_file), metadata={"format": "pt"})
+    save_safetensors(state, weights_file)
     return [config_file, weights_file]

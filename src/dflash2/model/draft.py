@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from dflash2.model.config import DFlash2Config
@@ -42,6 +42,8 @@ from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import atomic_directory, atomic_file, atomic_write
 from dflash2.model.selector import CandidateSelector
 from dflash2.weights import require_finite, safetensors_header
+from dflash2.tensorfiles import save_safetensors
+from dflash2.userjson import parse_json
 
 
 CONFIG_FILE = "config.json"
@@ -289,7 +291,7 @@ class DFlash2DraftModel(nn.Module):
     def _write_checkpoint_files(self, directory: Path) -> None:
         state = {name: t.detach().contiguous() for name, t in self.state_dict().items()}
         with atomic_file(directory / WEIGHTS_FILE) as tmp:
-            save_file(state, str(tmp), metadata={"format": "pt"})
+            save_safetensors(state, tmp)
         with atomic_write(directory / CONFIG_FILE, "w") as handle:
             handle.write(json.dumps(self.config.to_dict(), indent=2) + "\n")
 
@@ -359,11 +361,10 @@ def read_config(path: str | Path) -> DFlash2Config:
     file = Path(path) / CONFIG_FILE
     require(file.is_file(), f"draft checkpoint '{path}' has no config.json")
     try:
-        raw = json.loads(file.read_text(encoding="utf-8"))
+        text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise DFlash2Error(f"draft config '{file}' is not UTF-8 text") from None
-    except json.JSONDecodeError as err:
-        raise DFlash2Error(f"draft config '{file}' is not valid JSON: {err}") from None
+    raw = parse_json(text, f"draft config '{file}'")
     require(isinstance(raw, dict), f"draft config '{file}' must hold a JSON object, not {type(raw).__name__}")
     try:
         return DFlash2Config.from_dict(raw)

@@ -13,11 +13,13 @@ Contract:
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 from dflash2.decoding.engine import GenerationConfig
 from dflash2.decoding.policy import SPECULATE_MODES
 from dflash2.errors import DFlash2Error, require
+from dflash2.machine import check_threads
 
 API_KEY_ENV = "DFLASH2_API_KEY"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -92,7 +94,9 @@ class ServeSettings:
         require(isinstance(self.max_request_bytes, int) and self.max_request_bytes >= 1024,
                 f"--max-request-mb must be at least 1 KiB (0.001), got {self.max_request_bytes / 2**20:g}")
         require(self.api_key is None or self.api_key.strip() != "", "--api-key must not be empty")
-        require(self.threads is None or self.threads > 0, f"--threads must be positive, got {self.threads}")
+        warning = check_threads(self.threads)
+        if warning:
+            print(warning, file=sys.stderr)
         require(self.log_level in ("critical", "error", "warning", "info", "debug"),
                 f"--log-level must be one of critical, error, warning, info, debug, got '{self.log_level}'")
         require(self.model_name is None or self.model_name.strip() != "", "--model-name must not be empty")

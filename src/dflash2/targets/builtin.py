@@ -50,7 +50,8 @@ from typing import Callable
 
 import torch
 
-from dflash2.errors import DFlash2Error
+from dflash2.cache import cache_dir  # noqa: F401 (also this module's public name)
+from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import atomic_directory, remove_stale_temporaries, sha256_file
 from dflash2.weights import safetensors_header
 
@@ -149,14 +150,6 @@ DEFAULT_TARGET = "smollm2"
 def builtins_shaped(shape: TargetShape) -> list[str]:
     """Names of the built-in targets of exactly this shape."""
     return [name for name, spec in BUILTIN_TARGETS.items() if spec.shape == shape]
-
-
-def cache_dir() -> Path:
-    """Root of dflash2's cache: `$DFLASH2_CACHE` if set, else `~/.cache/dflash2`."""
-    override = os.environ.get("DFLASH2_CACHE")
-    if override:
-        return Path(override).expanduser()
-    return Path.home() / ".cache" / "dflash2"
 
 
 def builtin_dir(name: str) -> Path:
@@ -340,12 +333,24 @@ def _load_failure(name: str, resolved: str, local: bool, err: Exception) -> str:
             f"hub id failed{offline}: {detail}")
 
 
+def is_draft_checkpoint(directory: Path) -> bool:
+    """A directory whose config.json is a DFlash draft's (it carries `dflash_config`)."""
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False  # not readable as a draft: the target's own checks say what is wrong
+    return isinstance(config, dict) and "dflash_config" in config
+
+
 def open_target(name_or_path: str) -> TargetFiles:
     """Resolve `name_or_path` and read its config and tokenizer (seconds at most; no weights)."""
     from transformers import AutoConfig, AutoTokenizer
 
     resolved = resolve_target(name_or_path)
     local = Path(resolved).is_dir()
+    require(not (local and is_draft_checkpoint(Path(resolved))),
+            f"'{name_or_path}' is a DFlash draft, not a target: give the target model (a built-in name, a local "
+            "Hugging Face model directory or a hub id) as --target, and the draft as --draft")
     try:
         config = AutoConfig.from_pretrained(resolved, local_files_only=local)
         tokenizer = AutoTokenizer.from_pretrained(resolved, local_files_only=local)

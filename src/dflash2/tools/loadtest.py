@@ -33,6 +33,7 @@ from dflash2.argparsing import OneLineParser, run_command
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import write_json
+from dflash2.machine import check_threads
 from dflash2.serve.settings import API_KEY_ENV, LOOPBACK_HOSTS
 from dflash2.targets.chat import encode_messages
 
@@ -106,12 +107,16 @@ def parse_settings(argv: list[str]) -> LoadSettings:
             f"--modes must list {' and/or '.join(MODES)}, got '{a.modes}'")
     require(a.url is None or len(modes) == 1, "--url serves one mode: give one --modes value")
     if a.url is not None:
-        host = urlparse(a.url).hostname
+        scheme, host = urlparse(a.url).scheme, urlparse(a.url).hostname
+        require(scheme in ("http", "https"), f"--url must start with http:// or https://, got '{a.url}'")
         require(host in LOOPBACK_HOSTS,
                 f"--url must be a loopback address ({', '.join(LOOPBACK_HOSTS)}), got '{a.url}'")
     require(a.requests > 0, f"--requests must be positive, got {a.requests}")
     require(a.max_tokens > 0, f"--max-tokens must be positive, got {a.max_tokens}")
     require(a.timeout > 0, f"--timeout must be positive, got {a.timeout}")
+    warning = check_threads(a.threads)
+    if warning:
+        print(warning, file=sys.stderr)
     datasets = tuple(d.strip() for d in a.datasets.split(",") if d.strip())
     require(bool(datasets) and all(d in BENCHMARKS for d in datasets),
             f"--datasets must list benchmarks from {', '.join(BENCHMARKS)}, got '{a.datasets}'")
@@ -296,7 +301,11 @@ def _connect(url: str, key: str | None, timeout: float) -> str:
     import httpx   # an optional dependency (the `test` extra): needed only when requests are sent
 
     auth = {"Authorization": f"Bearer {key}"} if key else {}
-    listing = httpx.get(url + "/v1/models", timeout=30, headers=auth)
+    try:
+        listing = httpx.get(url + "/v1/models", timeout=30, headers=auth)
+    except httpx.TransportError as err:  # nothing listening, a refused or reset connection, a timeout
+        raise DFlash2Error(f"no dflash2 server answers at '{url}' ({type(err).__name__}: {err}); start one with "
+                           "`dflash2 serve`, or drop --url to let the load test start its own") from None
     require(listing.status_code == 200, f"GET /v1/models: HTTP {listing.status_code} {listing.text[:200]}")
     model = listing.json()["data"][0]["id"]
     warm, _ = asyncio.run(run_level(url, model, ["Say hello."], 1, 8, timeout, key))

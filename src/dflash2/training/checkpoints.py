@@ -35,6 +35,7 @@ from dflash2.model.draft import DFlash2DraftModel
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import atomic_directory, atomic_write
 from dflash2.weights import safetensors_header
+from dflash2.tensorfiles import save_torch
 
 PREFIX = "draft."  # DraftTrainStep holds the draft under this attribute
 
@@ -121,7 +122,7 @@ def save_checkpoint(run_dir: str | Path, step: int, draft_state: dict, optim_sta
     name = step_name(step)
     with atomic_directory(root / name) as tmp:
         export_draft(draft_state, config, tmp / "draft", torch.float32)
-        torch.save({**trainer_state, "optimizer": optim_state, "step": step}, tmp / "trainer_state.pt")
+        save_torch({**trainer_state, "optimizer": optim_state, "step": step}, tmp / "trainer_state.pt")
     with atomic_write(root / "latest", "w") as handle:
         handle.write(name + "\n")
     old = sorted(p for p in root.glob("step-*") if p.is_dir() and p.name != name)

@@ -12,7 +12,8 @@ Contract:
   keys. `TrainConfig.from_dict(d)` also refuses unknown sections and keys, and reads the dict form
   that `to_dict()` writes (the run's `train_config.yaml`, the copy inside every checkpoint),
   including those of older versions, which may lack keys added since (they take the defaults).
-- `load_config(path, overrides)` reads the YAML, applies dotted `section.key=value` overrides
+- `load_config(path, overrides)` reads the YAML, applies dotted `section.key=value` overrides (`target=NAME`
+  is `target.name=NAME`, like the file's `target: NAME`)
   (values parsed as YAML, so `train.steps=100`, `draft.use_selector=false`, `optim.betas=[0.9,0.99]`)
   and returns the validated config. Numbers read the way people write them, in files and overrides
   alike: `1e-3`, `1E-3`, `6e-4`, `-1e-2`, `.5`, `1_000` (plain YAML 1.1 reads the first four as strings).
@@ -311,6 +312,8 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         require("=" in item, f"override '{item}' must look like section.key=value")
         dotted, text = item.split("=", 1)
         parts = dotted.strip().split(".")
+        if parts == ["target"]:  # `target=NAME`, like the file's `target: NAME` shorthand
+            parts = ["target", "name"]
         require(len(parts) == 2 and all(parts),
                 f"override key '{dotted}' must be section.key (e.g. train.steps=100)")
         section, key = parts

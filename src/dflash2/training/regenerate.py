@@ -44,7 +44,10 @@ from tqdm import tqdm
 
 from dflash2.argparsing import OneLineParser
 from dflash2.targets.chat import encode_prompt, stop_token_ids
+from dflash2.decoding.context import check_context, effective_block_size
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier import context_limit
+from dflash2.model.shape import target_text_config
 from dflash2.errors import DFlash2Error, require
 from dflash2.data.shards import Record, ShardWriter
 from dflash2.decoding.verifier import TargetAdapter
@@ -60,17 +63,32 @@ def _say(message: str) -> None:
     tqdm.write(f"dflash2 regenerate: {message}", file=sys.stderr)
 
 
+def check_fits_context(prompts: list[Prompt], files, draft, max_new_tokens: int) -> None:
+    """The engine's context rule for the longest prompt, before the target's weights load."""
+    block = effective_block_size(None if draft is None else draft.config.block_size, None)
+    longest = max(len(p.tokens) for p in prompts) if prompts else 1
+    try:
+        check_context(longest, max_new_tokens, block, context_limit(target_text_config(files.config)))
+    except DFlash2Error as err:
+        raise DFlash2Error(f"--max-new-tokens {max_new_tokens}: the longest prompt does not fit ({err})") from None
+
+
 # --------------------------------------------------------------------------- manifest fields
 
 def _sha256_json(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def target_fields(name: str, model) -> dict:
-    """What identifies the target: its name, architecture, config hash and a weights fingerprint."""
-    config = model.config.to_dict()
+def config_sha256(config) -> str:
+    """The hash of a target's Hugging Face config, without what varies between loads of one model."""
+    config = config.to_dict()
     for volatile in ("transformers_version", "_name_or_path", "dtype", "torch_dtype"):
         config.pop(volatile, None)
+    return _sha256_json(config)
+
+
+def target_fields(name: str, model) -> dict:
+    """What identifies the target: its name, architecture, config hash and a weights fingerprint."""
     weights = hashlib.sha256()
     with torch.no_grad():
         for param_name, param in sorted(model.state_dict().items()):
@@ -79,7 +97,7 @@ def target_fields(name: str, model) -> dict:
     return {"name": name, "model_type": model.config.model_type, "vocab_size": model.config.vocab_size,
             "num_hidden_layers": getattr(model.config, "num_hidden_layers", None),
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-            "config_sha256": _sha256_json(config), "weights_fingerprint": weights.hexdigest()[:16]}
+            "config_sha256": config_sha256(model.config), "weights_fingerprint": weights.hexdigest()[:16]}
 
 
 def tokenizer_fields(tokenizer) -> dict:
@@ -234,8 +252,10 @@ def regenerate(target: str, out_dir: str | Path, num_prompts: int, max_new_token
     files = open_target(target)
     if draft is not None:
         check_draft_fits(draft.config, files, draft_label)
-    model, tokenizer = load_target_model(files), files.tokenizer
+    tokenizer = files.tokenizer
     prompts = encode_training_prompts(tokenizer, num_prompts, seed, prompts_source, max_prompt_tokens)
+    check_fits_context(prompts, files, draft, max_new_tokens)
+    model = load_target_model(files)
     stop_ids = stop_token_ids(tokenizer, model.config)
     template = getattr(tokenizer, "chat_template", None)
     fields = {
