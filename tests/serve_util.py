@@ -1,23 +1,38 @@
-"""Helpers shared by the serve tests: a live server on loopback (in a thread), tiny pipelines with a
-fault you can trigger, and engine references."""
+"""Helpers shared by the serve tests: a live server on loopback (in a thread) or as a `dflash2 serve`
+process, tiny pipelines with a fault you can trigger, and engine references."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.verifier import TargetAdapter
-from dflash2.eval.benchkit import TinyTokenizer
 from dflash2.pipeline import Pipeline
 from dflash2.serve.command import bind, make_server, url_of
 from dflash2.serve.settings import ServeSettings
-from dflash2.targets.tiny import tiny_draft, tiny_target
+from dflash2.targets.tiny import TinyTokenizer, tiny_draft, tiny_target
 
 API_KEY = "sk-test-dflash2"
 POISON = 126   # a prompt holding this token id makes the target fail (TinyTokenizer never writes it
                # for the letters, digits and spaces the tests use)
+
+
+POISON_TEXT = "\x07"   # a prompt holding this character makes the tokenizer fail
+
+
+class PoisonTokenizer(TinyTokenizer):
+    """The tiny tokenizer, but it fails on `POISON_TEXT` (a fault inside a request's encoding)."""
+
+    def __call__(self, text: str) -> dict:
+        if POISON_TEXT in text:
+            raise RuntimeError("poisoned text")
+        return super().__call__(text)
 
 
 class PoisonTarget(TargetAdapter):
@@ -31,12 +46,14 @@ class PoisonTarget(TargetAdapter):
 
 
 def tiny_serving_pipeline(speculate: str = "always", poison: bool = False) -> Pipeline:
-    """The `--tiny` models (`benchkit.tiny_pipeline`, seed 0), optionally with `PoisonTarget`."""
+    """The `--tiny` models (`pipeline.tiny_pipeline`, seed 0), optionally with `PoisonTarget` and
+    `PoisonTokenizer`."""
     target = tiny_target("llama", seed=0)
     draft = tiny_draft(target, seed=0)
     adapter = (PoisonTarget if poison else TargetAdapter)(target, draft.config.target_layer_ids)
     decoder = SpeculativeDecoder(adapter, draft, speculate=speculate)
-    return Pipeline(decoder, TinyTokenizer(target.config.vocab_size), (), "tiny random DFlash2 draft [DFlash2]", False)
+    tokenizer = (PoisonTokenizer if poison else TinyTokenizer)(target.config.vocab_size)
+    return Pipeline(decoder, tokenizer, (), "tiny random DFlash2 draft [DFlash2]", False)
 
 
 class LiveServer:
@@ -85,3 +102,27 @@ def reference(decoder, prompt_ids: list[int], max_tokens: int, stop_token_ids=()
     config = GenerationConfig(max_new_tokens=max_tokens, temperature=0.0, stop_token_ids=tuple(stop_token_ids))
     [result] = decoder.generate([prompt_ids], config)
     return result.tokens
+
+
+def start_server_process(tmp_path: Path, *options: str, api_key: str = "from-env") -> tuple[subprocess.Popen, str]:
+    """A real `dflash2 serve --tiny` process on a free port (log in tmp_path/serve.log), healthy."""
+    log = open(tmp_path / "serve.log", "w+")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", DFLASH2_API_KEY=api_key)
+    proc = subprocess.Popen([sys.executable, "-m", "dflash2.cli", "serve", "--tiny", "--port", "0", *options],
+                            stderr=log, stdout=log, env=env)
+    deadline = time.time() + 90
+    url = None
+    while url is None:
+        assert proc.poll() is None and time.time() < deadline, (tmp_path / "serve.log").read_text()
+        for line in (tmp_path / "serve.log").read_text().splitlines():
+            if line.startswith("dflash2 serve: http://"):
+                url = line.split()[2]
+        time.sleep(0.1)
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        assert time.time() < deadline
+        time.sleep(0.1)

@@ -2,11 +2,8 @@
 server process (tiny models) answers like the engine and drains its requests on SIGTERM."""
 from __future__ import annotations
 
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +13,7 @@ import openai
 import pytest
 
 from dflash2.cli import main
-from serve_util import reference, tiny_serving_pipeline
+from serve_util import reference, start_server_process, tiny_serving_pipeline
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -50,32 +47,8 @@ def test_busy_port_fails_in_one_line(capsys):
     assert err.startswith(f"error: cannot listen on 127.0.0.1:{port}") and err.count("\n") == 1
 
 
-def _start(tmp_path):
-    log = open(tmp_path / "serve.log", "w+")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", DFLASH2_API_KEY="from-env")
-    proc = subprocess.Popen([sys.executable, "-m", "dflash2.cli", "serve", "--tiny", "--port", "0",
-                             "--speculate", "always", "--threads", "1", "--log-level", "warning"],
-                            stderr=log, stdout=log, env=env)
-    deadline = time.time() + 90
-    url = None
-    while url is None:
-        assert proc.poll() is None and time.time() < deadline, (tmp_path / "serve.log").read_text()
-        for line in (tmp_path / "serve.log").read_text().splitlines():
-            if line.startswith("dflash2 serve: http://"):
-                url = line.split()[2]
-        time.sleep(0.1)
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        assert time.time() < deadline
-        time.sleep(0.1)
-
-
 def test_server_process_answers_like_the_engine_and_drains_on_sigterm(tmp_path):
-    proc, url = _start(tmp_path)
+    proc, url = start_server_process(tmp_path, "--speculate", "always", "--threads", "1", "--log-level", "warning")
     try:
         api = openai.OpenAI(base_url=url + "/v1", api_key="from-env", max_retries=0, timeout=60)
         engine = tiny_serving_pipeline(speculate="never")

@@ -5,12 +5,25 @@ one, a value of the wrong type or choice) raise `DFlash2Error` with one line nam
 instead of printing the usage block and exiting, so `dflash2.cli.main` prints them like every
 other bad input (`error: ...`, exit status 2). It also refuses an argument that is not UTF-8 text
 (bytes a shell passed through undecoded), naming the option. Sub-parsers inherit the class.
+
+`run_command(main, argv)` is that error contract for every entry point (`dflash2 ...` and each
+`python -m` module): it runs `main(argv)` and turns a `DFlash2Error` or `OSError` (the file system
+refusing a read or write) into one line `error: ...` with exit status 2 and no traceback, and
+Ctrl-C into `interrupted` with status 130.
+
+`ModelSettings` (target, draft, device, dtype, seed, threads, speculate, tiny) is what
+`add_model_arguments` adds to a parser and `ModelSettings.from_args` reads back, checked (bench,
+analyze, cycles, ablation; `pipeline.build_pipeline` loads it). `parse_list(text, what)` splits a
+comma-separated option, refusing an empty one.
 """
 from __future__ import annotations
 
 import argparse
+import sys
+from dataclasses import dataclass
+from typing import Callable
 
-from dflash2.errors import DFlash2Error
+from dflash2.errors import DFlash2Error, require
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -35,6 +48,21 @@ class OneLineParser(argparse.ArgumentParser):
         return dest
 
 
+def run_command(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
+    try:
+        return int(main(argv) or 0)
+    except DFlash2Error as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # the file system said no (permissions, a full disk, a path through a file)
+        where = f" ('{err.filename}')" if err.filename else ""
+        print(f"error: {err.strerror or err}{where}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
 def _require_utf8(text: str, option: str) -> None:
     try:
         text.encode("utf-8")
@@ -42,3 +70,50 @@ def _require_utf8(text: str, option: str) -> None:
         byte = ord(text[err.start]) - 0xDC00 if 0xDC80 <= ord(text[err.start]) <= 0xDCFF else None
         shown = f"byte 0x{byte:02x}" if byte is not None else f"character {text[err.start]!r}"
         raise DFlash2Error(f"{option} is not UTF-8 text ({shown} at position {err.start}); pass UTF-8 text") from None
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """Which target and draft a command loads, where, and how the draft is used."""
+    target: str = "smollm2"
+    draft: str | None = None      # checkpoint directory; None = the shipped one, else an untrained draft
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    threads: int | None = None    # torch CPU threads; None = torch's choice
+    speculate: str = "auto"       # auto | always | never
+    tiny: bool = False            # random tiny models (tests)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ModelSettings":
+        """The options of `add_model_arguments`, checked."""
+        settings = cls(args.target, args.draft, args.device, args.dtype, args.seed, args.threads, args.speculate,
+                       args.tiny)
+        require(settings.threads is None or settings.threads > 0, f"--threads must be positive, got {settings.threads}")
+        return settings
+
+    @property
+    def target_label(self) -> str:
+        return "tiny random llama" if self.tiny else self.target
+
+
+def add_model_arguments(parser) -> None:
+    """Options shared by bench and analyze: which target, draft, device and dtype."""
+    parser.add_argument("--target", default="smollm2", help="built-in name (smollm2, gemma3), local HF dir or hub id")
+    parser.add_argument("--draft", default=None, help="draft checkpoint directory (default: the shipped one, "
+                                                      "else an untrained draft)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", help="float32 (needed for exact lossless checks) or bfloat16")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice); "
+                        "on a shared machine 1 thread can be far steadier")
+    parser.add_argument("--speculate", default="auto", choices=("auto", "always", "never"),
+                        help="auto (default): adaptive draft length and fallback to plain decoding when drafting "
+                             "does not pay; always: the whole block every cycle")
+    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
+
+
+def parse_list(text: str, what: str) -> list[str]:
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    require(bool(items), f"{what}: give at least one value")
+    return items

@@ -3,12 +3,14 @@
 Contract: `main(argv)` dispatches subcommands and returns an exit status. Every `DFlash2Error`
 (bad input, including a bad argument: `argparsing.OneLineParser`) is printed as one line,
 `error: ...`, with exit status 2 and no traceback (so is an `OSError`: the file system refusing a
-read or write); Ctrl-C prints `interrupted` and exits 130.
+read or write); Ctrl-C prints `interrupted` and exits 130 (`argparsing.run_command`).
 Input is checked before anything slow loads: `generate` reads --messages, loads the draft (its
 weights checked), the target's config and tokenizer, encodes the prompt and applies the context
 rule, and only then loads the target's weights. `--compare` at T > 0 says that the two outputs are
 not expected to match. `init-draft` writes into an existing non-empty --out only with --force,
 and then replaces only its config.json and model.safetensors.
+Each handler imports the engine, the targets and the draft code itself (torch, transformers: seconds),
+so `dflash2 --help` and a bad option answer at once; subcommand modules load only when named.
 
     dflash2 generate --prompt TEXT [--target smollm2] [--draft DIR | --no-draft] [--compare] [--json]
     dflash2 init-draft --target T --out DIR [--layers 5] [--block-size 8] [--no-conv] [--no-selector] [--force]
@@ -24,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from dflash2.argparsing import OneLineParser
+from dflash2.argparsing import OneLineParser, run_command
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import refuse_existing_output
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape
@@ -261,25 +263,17 @@ def cmd_convert_target(args) -> int:
     return 0
 
 
+def _dispatch(argv: list[str]) -> int:
+    if argv and argv[0] in _DELEGATED:
+        module = importlib.import_module(_DELEGATED[argv[0]][0])
+        return int(module.main(argv[1:]) or 0)
+    args = build_parser().parse_args(argv)
+    handler = {"generate": cmd_generate, "init-draft": cmd_init_draft, "convert-target": cmd_convert_target}
+    return handler[args.command](args)
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        if argv and argv[0] in _DELEGATED:
-            module = importlib.import_module(_DELEGATED[argv[0]][0])
-            return int(module.main(argv[1:]) or 0)
-        args = build_parser().parse_args(argv)
-        handler = {"generate": cmd_generate, "init-draft": cmd_init_draft, "convert-target": cmd_convert_target}
-        return handler[args.command](args)
-    except DFlash2Error as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:  # the file system said no (permissions, a full disk, a path through a file)
-        where = f" ('{err.filename}')" if err.filename else ""
-        print(f"error: {err.strerror or err}{where}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return run_command(_dispatch, list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

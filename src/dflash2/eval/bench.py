@@ -40,21 +40,21 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from dflash2.argparsing import OneLineParser
+from dflash2.argparsing import ModelSettings, OneLineParser, add_model_arguments, parse_list
+from dflash2.data.prompts import BENCHMARKS, load_conversations
+from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.errors import DFlash2Error, require
 from dflash2.eval import engine_peers
 from dflash2.eval import peers as peer_runs
 from dflash2.eval import plots
 from dflash2.eval.bench_report import render_markdown
-from dflash2.eval.parts import PartStore, run_fingerprint, weights_digest
-from dflash2.eval.benchkit import (ModelSettings, add_model_arguments, build_pipeline, check_output, cpu_ticks, fmt,
-                                   git_commit, load_conversations, machine_identity, machine_info, machine_line,
-                                   parse_list, steal_share, write_json, write_text)
-from dflash2.targets.chat import encode_messages
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.eval.bench_runs import DEFINITIONS, DatasetRun, PairRuns, Side, entry
-from dflash2.errors import DFlash2Error, require
-from dflash2.pipeline import Pipeline, shipped_draft_path
-from dflash2.data.prompts import BENCHMARKS
+from dflash2.eval.parts import PartStore, run_fingerprint, weights_digest
+from dflash2.fileio import check_output, fmt, write_json, write_text
+from dflash2.pipeline import Pipeline, build_pipeline, shipped_draft_path
+from dflash2.provenance import cpu_ticks, git_commit, machine_identity, machine_info, machine_line, steal_share
+from dflash2.targets.builtin import BUILTIN_TARGETS, resolve_target
+from dflash2.targets.chat import encode_messages
 
 PEER_NAMES = peer_runs.PEER_NAMES + engine_peers.ENGINE_PEER_NAMES   # what --peers accepts
 
@@ -182,8 +182,6 @@ def bench_dataset(pipe: Pipeline, ar: SpeculativeDecoder | None, name: str, conv
 
 def peer_model_dirs(pipe: Pipeline, model: ModelSettings, out: Path) -> tuple[str | None, str | None]:
     """Directories of the target and the draft checkpoint that the reference package should load."""
-    from dflash2.targets.builtin import BUILTIN_TARGETS, resolve_target
-
     if model.tiny:
         target_dir = out / "peer-models" / "tiny-target"
         pipe.decoder.target.model.save_pretrained(target_dir)

@@ -24,7 +24,11 @@ from dataclasses import asdict, dataclass
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.policy import SpeculationPolicy
 from dflash2.errors import DFlash2Error, require
-from dflash2.eval.benchkit import ModelSettings, add_model_arguments, build_pipeline, cpu_model, first_turns, load_conversations, parse_list
+from dflash2.argparsing import ModelSettings, add_model_arguments, parse_list
+from dflash2.data.prompts import load_conversations
+from dflash2.pipeline import build_pipeline
+from dflash2.provenance import cpu_model
+from dflash2.targets.chat import first_turns
 
 PHASES = ("verify", "draft", "draft_head", "selector", "accept", "realign", "host", "policy")
 FORWARD = ("verify", "draft", "draft_head")   # the two models' forward passes (the LM head is the draft's)

@@ -24,6 +24,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash2.eval.peers import _report, _run_streaming, summarize
+from dflash2.export import ExportSettings, export_draft
+
 RUNNERS = Path(__file__).resolve().parents[1] / "tools" / "runners"   # out-of-process engine scripts
 
 
@@ -65,8 +68,6 @@ def engine_python(spec: EnginePeer, explicit: str | None = None) -> Path | None:
 
 
 def exported_draft(draft_dir: str, form: str, scratch: Path) -> Path:
-    from dflash2.export import ExportSettings, export_draft
-
     out = scratch / f"draft-{form}"
     export_draft(ExportSettings(draft=Path(draft_dir), form=form, out=out, force=True, measure_prompts=0))
     return out
@@ -75,8 +76,6 @@ def exported_draft(draft_dir: str, form: str, scratch: Path) -> Path:
 def engine_peer(spec: EnginePeer, python: str | None, target_dir: str | None, draft_dir: str | None,
                 prompts: dict[str, list[list[int]]], ar_outputs: dict[str, list[list[int]]] | None,
                 config, stop_ids, scratch: Path, timeout: float = 6 * 3600) -> dict:
-    from dflash2.eval.peers import _report, _run_streaming, summarize  # peers imports this module
-
     exe = engine_python(spec, python)
     if exe is None:
         where = python or os.environ.get(spec.env) or f"{spec.venv}/bin/python"

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+from transformers import GenerationConfig as HFConfig
 
 RUNNER = Path(__file__).resolve().parents[1] / "tools" / "runners" / "reference_runner.py"
 PEER_NAMES = ("hf", "pld", "dflash")   # the peers run here; `engine_peers` adds the engines
@@ -56,8 +57,6 @@ def _report(status: str, description: str, **extra) -> dict:
 
 
 def _hf_runs(model, prompts: list[list[int]], config, stop_ids, pad_id: int, lookup: int | None, desc: str):
-    from transformers import GenerationConfig as HFConfig
-
     sampling = config.temperature > 0
     gen = HFConfig(max_new_tokens=config.max_new_tokens, do_sample=sampling, pad_token_id=pad_id,
                    eos_token_id=list(stop_ids) or None,

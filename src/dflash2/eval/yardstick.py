@@ -35,9 +35,10 @@ from dflash2.argparsing import OneLineParser
 from dflash2.data.shards import load_manifest, read_records
 from dflash2.decoding.engine import DRAFT_PHASES, GenerationConfig
 from dflash2.errors import DFlash2Error, require
-from dflash2.eval.benchkit import cpu_model, git_commit, machine_identity
 from dflash2.fileio import atomic_write
 from dflash2.model.draft import DFlash2DraftModel
+from dflash2.pipeline import load_decoder
+from dflash2.provenance import cpu_model, git_commit, machine_identity
 from dflash2.targets.chat import encode_messages
 
 TEMPERATURES = {"t0": dict(temperature=0.0), "t1": dict(temperature=1.0, top_p=0.95, top_k=20)}
@@ -194,8 +195,6 @@ def parse_args(argv):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dflash2.pipeline import load_decoder
-
     try:
         args = parse_args(argv)
         settings = YardstickSettings(tuple(args.data), args.heldout, args.per_benchmark, args.max_new_tokens,

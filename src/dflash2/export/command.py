@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from dflash2.argparsing import OneLineParser
+from dflash2.argparsing import OneLineParser, run_command
 from dflash2.export.exporter import export_draft
 from dflash2.export.settings import DTYPES, FORMS, ExportResult, ExportSettings
 
@@ -69,6 +69,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from dflash2.cli import main as dflash2_main
-
-    sys.exit(dflash2_main(["export", *sys.argv[1:]]))
+    sys.exit(run_command(main))

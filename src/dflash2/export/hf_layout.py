@@ -11,16 +11,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from safetensors.torch import save_file
 
+from dflash2.dtypes import DTYPES
 from dflash2.model.draft import DFlash2DraftModel
-
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def write_checkpoint(model: DFlash2DraftModel, config_dict: dict, directory: Path, dtype: str) -> list[Path]:
-    torch_dtype = TORCH_DTYPES[dtype]
+    torch_dtype = DTYPES[dtype]
     state = {name: tensor.detach().to(torch_dtype).contiguous() for name, tensor in model.state_dict().items()}
     config_file, weights_file = directory / "config.json", directory / "model.safetensors"
     config_file.write_text(json.dumps(config_dict, indent=2) + "\n")

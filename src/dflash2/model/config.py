@@ -85,20 +85,20 @@ class DFlash2Config:
     num_target_layers: int
     target_layer_ids: list[int]
     mask_token_id: int
-    block_size: int = 8
+    block_size: int = DEFAULT_SHAPE.block_size
     target_hidden_size: int | None = None  # None: equals hidden_size
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1e6
     max_position_embeddings: int = 32768
-    sliding_window: int | None = 2048
+    sliding_window: int | None = DEFAULT_SHAPE.sliding_window
     layer_types: list[str] | None = None
     # DFlash2 parts; `use_conv` / `use_selector` False gives DFlash v1.
-    use_conv: bool = True
-    use_selector: bool = True
+    use_conv: bool = DEFAULT_SHAPE.use_conv
+    use_selector: bool = DEFAULT_SHAPE.use_selector
     conv_kernel_size: int = 2
-    conv_group_size: int = 16
-    selector_rank: int = 256
-    selector_top_k: int = 16
+    conv_group_size: int = DEFAULT_SHAPE.conv_group_size
+    selector_rank: int = DEFAULT_SHAPE.selector_rank
+    selector_top_k: int = DEFAULT_SHAPE.selector_top_k
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
@@ -209,7 +209,8 @@ class DFlash2Config:
         rope = data.pop("rope_parameters", None) or data.pop("rope_scaling", None) or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         require(rope_type == "default", f"config field 'rope_parameters.rope_type'={rope_type!r}: only 'default' RoPE is supported")
-        rope_theta = data.pop("rope_theta", rope.get("rope_theta", 1e6))
+        d = _field_defaults()
+        rope_theta = data.pop("rope_theta", rope.get("rope_theta", d["rope_theta"]))
         hidden = data.pop("hidden_size")
         heads = data.pop("num_attention_heads")
         kwargs = dict(
@@ -220,21 +221,21 @@ class DFlash2Config:
             num_key_value_heads=data.pop("num_key_value_heads"),
             head_dim=data.pop("head_dim", None) or hidden // heads,
             vocab_size=data.pop("vocab_size"),
-            rms_norm_eps=data.pop("rms_norm_eps", 1e-6),
+            rms_norm_eps=data.pop("rms_norm_eps", d["rms_norm_eps"]),
             rope_theta=float(rope_theta),
-            max_position_embeddings=data.pop("max_position_embeddings", 32768),
-            sliding_window=data.pop("sliding_window", None),
+            max_position_embeddings=data.pop("max_position_embeddings", d["max_position_embeddings"]),
+            sliding_window=data.pop("sliding_window", None),        # absent: no window (unlike a fresh draft)
             layer_types=data.pop("layer_types", None),
             block_size=dflash.pop("block_size"),
             mask_token_id=dflash.pop("mask_token_id"),
             target_layer_ids=list(dflash.pop("target_layer_ids")),
             target_hidden_size=dflash.pop("target_hidden_size", None),
-            use_conv=is_v2 and dflash.pop("use_conv", True),
-            use_selector=is_v2 and dflash.pop("use_selector", True),
-            conv_kernel_size=dflash.pop("conv_kernel_size", 2),
-            conv_group_size=dflash.pop("conv_group_size", 16),
-            selector_rank=dflash.pop("selector_rank", 256),
-            selector_top_k=dflash.pop("selector_top_k", 16),
+            use_conv=is_v2 and dflash.pop("use_conv", True),              # a DFlash2 checkpoint has both parts
+            use_selector=is_v2 and dflash.pop("use_selector", True),      # unless it says otherwise
+            conv_kernel_size=dflash.pop("conv_kernel_size", d["conv_kernel_size"]),
+            conv_group_size=dflash.pop("conv_group_size", d["conv_group_size"]),
+            selector_rank=dflash.pop("selector_rank", d["selector_rank"]),
+            selector_top_k=dflash.pop("selector_top_k", d["selector_top_k"]),
             input_embedding_scale=float(dflash.pop("input_embedding_scale", 1.0) or 1.0),
             output_multiplier=float(dflash.pop("output_multiplier", 1.0) or 1.0),
             final_logit_softcapping=dflash.pop("final_logit_softcapping", None),
@@ -314,7 +315,9 @@ class DFlash2Config:
         rope = getattr(text, "rope_parameters", None) or {}
         if isinstance(rope, dict) and "full_attention" in rope:  # per-layer-type rope (Gemma3)
             rope = rope["full_attention"]
-        rope_theta = rope.get("rope_theta", getattr(text, "rope_theta", 1e6)) if isinstance(rope, dict) else 1e6
+        d = _field_defaults()
+        rope_theta = rope.get("rope_theta", getattr(text, "rope_theta", d["rope_theta"])) if isinstance(rope, dict) \
+            else d["rope_theta"]
         embed_scale = math.sqrt(text.hidden_size) if "gemma" in getattr(text, "model_type", "") else 1.0
         group = shape.conv_group_size
         if text.hidden_size % group:
@@ -331,9 +334,9 @@ class DFlash2Config:
             target_layer_ids=list(target_layer_ids),
             mask_token_id=mask_token_id,
             block_size=shape.block_size,
-            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+            rms_norm_eps=getattr(text, "rms_norm_eps", d["rms_norm_eps"]),
             rope_theta=float(rope_theta),
-            max_position_embeddings=getattr(text, "max_position_embeddings", 32768),
+            max_position_embeddings=getattr(text, "max_position_embeddings", d["max_position_embeddings"]),
             sliding_window=shape.sliding_window,
             draft_vocab_size=shape.draft_vocab_size,
             use_conv=shape.use_conv,
@@ -344,3 +347,9 @@ class DFlash2Config:
             input_embedding_scale=embed_scale,
             final_logit_softcapping=getattr(text, "final_logit_softcapping", None),
         )
+
+
+def _field_defaults() -> dict[str, Any]:
+    """The dataclass defaults of `DFlash2Config` (the shape's from `DEFAULT_SHAPE`): what a
+    `config.json` that leaves a field out means, and what a fresh draft takes when the target is silent."""
+    return {f.name: f.default for f in dataclasses.fields(DFlash2Config) if f.default is not dataclasses.MISSING}

@@ -5,7 +5,8 @@ listening socket before anything is loaded (a bad option or a busy port is one `
 line, exit 2, via `dflash2.cli`), then loads the target and draft (`--tiny`, hidden: the tiny
 random test models), prints one line `dflash2 serve: http://HOST:PORT ...` on stderr and serves
 until SIGINT or SIGTERM. SIGTERM drains: no new connections, the requests in flight finish
-(up to `--drain-timeout` seconds), then the process exits with status 0.
+(up to `--drain-timeout` seconds; those still open then end with a 503 error, in a stream an
+`error` event), then the process exits with status 0.
 
 `run_server(pipeline, settings, sock)` serves an already loaded pipeline on an open socket
 (tests start it in a thread); `bind(host, port)` opens that socket (port 0: a free port).
@@ -20,8 +21,10 @@ import signal
 import socket
 import sys
 
-from dflash2.argparsing import OneLineParser
-from dflash2.errors import DFlash2Error
+import torch
+
+from dflash2.argparsing import OneLineParser, run_command
+from dflash2.errors import DFlash2Error, require
 from dflash2.serve.settings import API_KEY_ENV, RequestDefaults, ServeSettings
 
 
@@ -48,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV})")
     p.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s,
                    help="on SIGTERM, seconds the requests in flight may take to finish")
+    p.add_argument("--max-request-mb", type=float, default=d.max_request_bytes / 2**20,
+                   help="largest request body in MiB; a larger one gets 413")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--log-level", default=d.log_level)
     p.add_argument("--access-log", action="store_true", help="log every request")
@@ -67,11 +72,17 @@ def parse_settings(argv: list[str]) -> ServeSettings:
         target=a.target, draft=a.draft, no_draft=a.no_draft, device=a.device, dtype=a.dtype,
         draft_dtype=a.draft_dtype, speculate=a.speculate, tiny=a.tiny, host=a.host, port=a.port,
         model_name=a.model_name, max_batch=a.max_batch, max_queue=a.max_queue, retry_after_s=a.retry_after,
-        api_key=a.api_key, drain_timeout_s=a.drain_timeout, log_level=a.log_level.lower(),
+        api_key=a.api_key, drain_timeout_s=a.drain_timeout,
+        max_request_bytes=_mebibytes(a.max_request_mb), log_level=a.log_level.lower(),
         access_log=a.access_log, threads=a.threads,
         defaults=RequestDefaults(a.max_tokens, a.temperature, a.top_p, a.top_k, a.seed))
     settings.validate()
     return settings
+
+
+def _mebibytes(value: float) -> int:
+    require(math.isfinite(value) and value > 0, f"--max-request-mb must be a positive number, got {value:g}")
+    return int(value * 2**20)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -92,29 +103,22 @@ def url_of(sock: socket.socket) -> str:
 
 
 def load_pipeline(settings: ServeSettings):
-    import torch
+    # the targets and the draft's model code (seconds) load here, after the options are checked and the
+    # socket is claimed, so a bad option or a busy port answers at once
+    from dflash2.pipeline import load_decoder, tiny_pipeline
 
     if settings.threads:
         torch.set_num_threads(settings.threads)
     if settings.tiny:
-        from dflash2.eval.benchkit import tiny_pipeline
-
         return tiny_pipeline(0, "never" if settings.no_draft else settings.speculate)
-    from dflash2.pipeline import load_decoder
-
     return load_decoder(settings.target, settings.draft, settings.device, settings.dtype, settings.no_draft,
                         settings.draft_dtype, settings.speculate)
 
 
 def make_server(pipeline, settings: ServeSettings):
-    import uvicorn
+    from dflash2.serve.server import make_server as make  # uvicorn and FastAPI load only once the options are good
 
-    from dflash2.serve.app import create_app
-
-    config = uvicorn.Config(create_app(pipeline, settings), log_level=settings.log_level,
-                            access_log=settings.access_log, lifespan="on",
-                            timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s))
-    return uvicorn.Server(config)
+    return make(pipeline, settings)
 
 
 def run_server(pipeline, settings: ServeSettings, sock: socket.socket) -> None:
@@ -138,6 +142,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from dflash2.cli import main as dflash2_main
-
-    sys.exit(dflash2_main(["serve", *sys.argv[1:]]))
+    sys.exit(run_command(main))

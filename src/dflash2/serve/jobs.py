@@ -1,14 +1,16 @@
 """A request as the scheduler sees it, and what it sends back.
 
 Contract:
-- `build_job(request, pipeline, defaults, sink, text_tokenizer)` turns a parsed `ApiRequest` into
+- `build_job(request, pipeline, defaults, sink, text_tokenizer, tokenizer)` (run in an encoder
+  thread, `tokenizer` that thread's own copy) turns a parsed `ApiRequest` into
   a `Job`: the prompt encoded (chat: `targets.chat.encode_messages`, the chat template when the
   tokenizer has one, else the contents joined; completion: the text as the tokenizer encodes it,
   or the given ids), and a `GenerationConfig` from the request with the server defaults for what
   it left out. An omitted `max_tokens` is the default capped to the room left in the context.
-  The config and context are checked by the engine's own rule (`SpeculativeDecoder.check`); its
-  one-line message becomes an `ApiError` 400 naming the request field (e.g. `max_tokens`, not
-  `max_new_tokens`).
+  The config and context are checked by the engine's own rules, mapped by type, never by their
+  text: each field alone by `GenerationConfig.validate` (a refusal is an `ApiError` 400 whose
+  `param` is the request field, e.g. `max_tokens`, not `max_new_tokens`), then the whole request
+  by `SpeculativeDecoder.check` (`ContextLimitError`: 400 `context_length_exceeded`).
 - The scheduler thread sends a job's results through `job.sink` (thread-safe): `Progress`
   (the pieces of text one cycle released, one per committed token), then `Finished` or `Failed`.
 - Token origins, per committed token: "draft" (an accepted draft token), "target" (the target's
@@ -25,8 +27,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
+from dflash2.decoding.context import context_room
 from dflash2.decoding.engine import GenerationConfig
-from dflash2.errors import DFlash2Error
+from dflash2.errors import ContextLimitError, DFlash2Error
 from dflash2.serve.protocol import ApiError, ApiRequest, bad_request
 from dflash2.serve.settings import RequestDefaults
 from dflash2.serve.text import TextStream
@@ -127,11 +130,16 @@ class Job:
         return self.prompt + self.output, config
 
 
+def _as_list(ids) -> list[int]:
+    """The ids as a list, copied only when they are not one (a copy of a huge prompt holds the GIL)."""
+    return ids if isinstance(ids, list) else list(ids)
+
+
 def encode_request(request: ApiRequest, tokenizer, vocab_size: int) -> list[int]:
     """The prompt's token ids, or ApiError 400."""
     try:
         if request.kind == "chat":
-            return list(encode_messages(tokenizer, [dict(m) for m in request.messages]))
+            return _as_list(encode_messages(tokenizer, [dict(m) for m in request.messages]))
         if request.prompt_ids is not None:
             bad = next((t for t in request.prompt_ids if not 0 <= t < vocab_size), None)
             if bad is not None:
@@ -139,18 +147,24 @@ def encode_request(request: ApiRequest, tokenizer, vocab_size: int) -> list[int]
             return list(request.prompt_ids)
         if not request.prompt_text:
             raise bad_request("'prompt' must not be empty.", "prompt")
-        return list(tokenizer(request.prompt_text)["input_ids"])
+        return _as_list(tokenizer(request.prompt_text)["input_ids"])
     except DFlash2Error as err:
         raise bad_request(str(err), "messages" if request.kind == "chat" else "prompt") from None
 
 
+# request field -> the GenerationConfig field it sets
+_CONFIG_FIELDS = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                  "seed": "seed"}
+
+
 def build_job(request: ApiRequest, pipeline, defaults: RequestDefaults, sink: Callable[[object], None],
-              text_tokenizer=None) -> Job:
-    """`text_tokenizer` decodes the job's tokens in the scheduler thread: give it its own copy of
-    the tokenizer (Rust-backed tokenizers fail with "Already borrowed" when one thread encodes
-    while another decodes with the same object)."""
+              text_tokenizer=None, tokenizer=None) -> Job:
+    """`tokenizer` encodes the prompt (default: the pipeline's); `text_tokenizer` decodes the
+    job's tokens in the scheduler thread: give each thread its own copy of the tokenizer
+    (Rust-backed tokenizers fail with "Already borrowed" when one thread encodes while another
+    decodes with the same object)."""
     decoder = pipeline.decoder
-    prompt = encode_request(request, pipeline.tokenizer, decoder.target.vocab_size)
+    prompt = encode_request(request, tokenizer or pipeline.tokenizer, decoder.target.vocab_size)
     seed = request.seed if request.seed is not None else defaults.seed
     config = GenerationConfig(
         max_new_tokens=request.max_tokens if request.max_tokens is not None else defaults.max_tokens,
@@ -159,28 +173,36 @@ def build_job(request: ApiRequest, pipeline, defaults: RequestDefaults, sink: Ca
         top_k=request.top_k if request.top_k is not None else defaults.top_k,
         seed=seed if seed is not None else secrets.randbits(63),
         stop_token_ids=tuple(pipeline.stop_token_ids))
+    _check_fields(config, request)
+    where = "messages" if request.kind == "chat" else "prompt"
     if request.max_tokens is None:  # the default, but never more than fits
-        room = decoder.target.max_positions - len(prompt) - decoder.block_size(config)
+        room = context_room(len(prompt), decoder.block_size(config), decoder.target.max_positions)
         if room >= 1:
             config.max_new_tokens = min(config.max_new_tokens, room)
     try:
         decoder.check([prompt], config)
+    except ContextLimitError as err:
+        field = request.max_tokens_field
+        raise bad_request(f"This model's context is too short for the request: prompt of {err.prompt_tokens} tokens "
+                          f"+ '{field}' {err.max_new_tokens} + block size {err.block} = {err.total} exceeds the "
+                          f"context limit of {err.limit} tokens. Shorten the prompt or lower '{field}'.", where,
+                          "context_length_exceeded") from None
     except DFlash2Error as err:
-        raise _as_api_error(str(err), request) from None
+        raise bad_request(f"{err}.", where) from None
     prefix = "chatcmpl-" if request.kind == "chat" else "cmpl-"
     job = Job(prefix + uuid.uuid4().hex[:24], request, prompt, config, sink)
     job.stream = TextStream(text_tokenizer or pipeline.tokenizer, request.stop)
     return job
 
 
-def _as_api_error(message: str, request: ApiRequest) -> ApiError:
-    """The engine's one-line message, with its field names as the request spells them."""
-    message = message.replace("max_new_tokens", request.max_tokens_field)
-    if message.startswith("prompt of"):
-        return bad_request(f"This model's context is too short for the request: {message}. Shorten the prompt or "
-                           f"lower '{request.max_tokens_field}'.", "messages" if request.kind == "chat" else "prompt",
-                           "context_length_exceeded")
-    for name in (request.max_tokens_field, "temperature", "top_p", "top_k", "seed"):
-        if message.startswith(name):
-            return bad_request(f"'{name}'{message[len(name):]}.", name)
-    return bad_request(message + ".")
+def _check_fields(config: GenerationConfig, request: ApiRequest) -> None:
+    """The engine's rule for each generation field, one field at a time, so that a refusal names
+    the request field that broke it (an ApiError 400 with that `param`)."""
+    for field, name in _CONFIG_FIELDS.items():
+        try:
+            GenerationConfig(**{name: getattr(config, name)}).validate()
+        except DFlash2Error as err:
+            shown = request.max_tokens_field if field == "max_tokens" else field
+            detail = str(err)
+            detail = detail[len(name):] if detail.startswith(name + " ") else ": " + detail
+            raise bad_request(f"'{shown}'{detail}.", shown) from None

@@ -2,8 +2,9 @@
 per server, so several servers can live in one process).
 
 Contract (metric names; counters end in `_total` on the wire):
-- `dflash2_requests_total{endpoint, status}`: HTTP requests by endpoint and final status code
-  (499: the client went away before the answer was complete).
+- `dflash2_requests_total{endpoint, status}`: every HTTP response by route (unknown paths:
+  "other") and final status code, 4xx and 5xx included (recorded by `guard.Guard`; a stream
+  with its final status; 499: the client went away before the answer was complete).
 - `dflash2_prompt_tokens_total`, `dflash2_generation_tokens_total`: tokens admitted / committed.
 - `dflash2_finished_total{reason}`: generations by how they ended (stop, length, cancelled, error).
 - `dflash2_acceptance_length`: histogram of per-request acceptance length (requests with at least

@@ -4,7 +4,8 @@ Contract:
 - `ApiError(status, message, param=None, code=None, kind=None, headers=None)` is every error the
   server answers with; `.body()` is OpenAI's error object
   `{"error": {"message", "type", "param", "code"}}` (type from the status unless given).
-- `parse_json(raw)` -> the body as a dict, or ApiError 400 for malformed JSON or a non-object.
+- `parse_json(raw)` -> the body as a dict, or ApiError 400 (`invalid_json`) for malformed JSON,
+  JSON nested too deeply, a string that is not Unicode text (a lone surrogate) or a non-object.
 - `parse_chat(body)` / `parse_completion(body)` -> `ApiRequest`, or ApiError 400 naming the field.
   Only what the server honours is accepted: a field the server would have to ignore (`n > 1`,
   `logprobs`, tools, penalties, ...) or one it does not know is refused, never silently dropped.
@@ -26,6 +27,7 @@ _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_
           500: "server_error", 503: "server_error"}
 
 MAX_STOP_STRINGS = 16
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1   # the integers a request field may hold
 
 
 class ApiError(Exception):
@@ -68,12 +70,34 @@ class ApiRequest:
 def parse_json(raw: bytes) -> dict:
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except ValueError as err:  # not UTF-8 / UTF-16 / UTF-32, not JSON, or an integer of over 4300 digits
         raise bad_request(f"We could not parse the JSON body of your request ({err}). The body must be a "
                           "JSON object.", code="invalid_json") from None
+    except RecursionError:
+        raise bad_request("The JSON body of your request is nested too deeply.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request(f"The request body must be a JSON object, got {type(body).__name__}.", code="invalid_json")
+    _check_text(body)
     return body
+
+
+def _check_text(body: dict) -> None:
+    """Refuse strings that are not Unicode text: JSON may escape a lone surrogate ("\\ud800"), which
+    no tokenizer can encode and no response can carry."""
+    stack: list = [body]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise bad_request(f"The request holds a string that is not valid Unicode text (a lone surrogate "
+                                  f"{value[err.start]!a} at character {err.start}).", code="invalid_json") from None
 
 
 # --- fields -----------------------------------------------------------------------------------
@@ -98,6 +122,8 @@ def _integer(body: dict, name: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad_request(f"'{name}' must be an integer, got {_show(value)}.", name)
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise bad_request(f"'{name}' must be a 64-bit integer, got {_show(value)}.", name)
     return value
 
 
@@ -219,7 +245,7 @@ def parse_chat(body: dict) -> ApiRequest:
         if not isinstance(message, dict):
             raise bad_request(f"messages[{i}] must be an object with 'role' and 'content'.", "messages")
         role = message.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise bad_request(f"messages[{i}].role {_show(role)} is not supported: use system, developer, user "
                               "or assistant.", "messages")
         extra = sorted(set(message) - {"role", "content"})

@@ -122,7 +122,7 @@ class Scheduler:
                     events = session.step()
                 except Exception as err:  # noqa: BLE001 - whatever broke, the other rows go on
                     log.exception("decoding step failed; rebuilding the batch")
-                    session = self._recover(err, new_keys)
+                    session = self._recover(session, err, new_keys)
                     continue
                 self.cycles += 1
                 self.peak_running = max(self.peak_running, len(self._running))
@@ -130,7 +130,7 @@ class Scheduler:
                     self._dispatch(session, event)
             except Exception as err:  # noqa: BLE001 - a bug here must not stop serving
                 log.exception("scheduler error; rebuilding the batch")
-                session = self._recover(err, set())
+                session = self._recover(session, err, set())
 
     def _take_admissions(self) -> list[Job]:
         """Waiting jobs that fit in the batch; a suspect job is admitted alone."""
@@ -220,11 +220,11 @@ class Scheduler:
         self.metrics.ended("error")
         job.sink(Failed(error))
 
-    def _recover(self, err: Exception, new_keys: set[int]):
+    def _recover(self, broken, err: Exception, new_keys: set[int]):
         """A fresh session after a failed step; see the module docstring for who is blamed."""
         jobs = list(self._running.values())
         self._running.clear()
-        self.decoder.target.reset()
+        broken.discard()
         session = self.decoder.session()
         new = [job for job in jobs if job.key in new_keys]
         old = [job for job in jobs if job.key not in new_keys]

@@ -6,7 +6,7 @@ Contract:
   request, so unseeded sampled requests differ while seeded ones repeat exactly).
 - `ServeSettings`: the model (target, draft, device, dtype, speculation policy), the listener
   (host, port; port 0 picks a free one), the batch and queue bounds, the API key, the drain
-  timeout and the defaults. Frozen: the server reads it, never changes it.
+  timeout, the request-size limit and the defaults. Frozen: the server reads it, never changes it.
 - `validate()` raises `DFlash2Error` with one line naming the offending option (as the command
   line spells it); the generation defaults are checked by the engine's own rule
   (`GenerationConfig.validate`), so a default can never be something a request could not ask for.
@@ -57,7 +57,7 @@ class ServeSettings:
     dtype: str = "float32"
     draft_dtype: str = "auto"
     speculate: str = "auto"
-    tiny: bool = False                       # tiny random models (tests); see eval.benchkit.tiny_pipeline
+    tiny: bool = False                       # tiny random models (tests); see pipeline.tiny_pipeline
     host: str = "127.0.0.1"
     port: int = 8000
     model_name: str | None = None            # the id clients pass as `model`; default: the target's name
@@ -66,6 +66,7 @@ class ServeSettings:
     retry_after_s: int = 1                   # the Retry-After a 429 carries
     api_key: str | None = None
     drain_timeout_s: float = 60.0            # SIGTERM: how long in-flight requests may take to finish
+    max_request_bytes: int = 4 * 2**20       # a larger request body: 413
     log_level: str = "info"
     access_log: bool = False
     threads: int | None = None               # torch CPU threads
@@ -87,6 +88,8 @@ class ServeSettings:
         require(self.max_queue >= 0, f"--max-queue must be 0 or more, got {self.max_queue}")
         require(self.retry_after_s >= 1, f"--retry-after must be at least 1 second, got {self.retry_after_s}")
         require(self.drain_timeout_s > 0, f"--drain-timeout must be positive, got {self.drain_timeout_s}")
+        require(isinstance(self.max_request_bytes, int) and self.max_request_bytes >= 1024,
+                f"--max-request-mb must be at least 1 KiB (0.001), got {self.max_request_bytes / 2**20:g}")
         require(self.api_key is None or self.api_key.strip() != "", "--api-key must not be empty")
         require(self.threads is None or self.threads > 0, f"--threads must be positive, got {self.threads}")
         require(self.log_level in ("critical", "error", "warning", "info", "debug"),

@@ -36,7 +36,6 @@ Contract:
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -52,7 +51,7 @@ from typing import Callable
 import torch
 
 from dflash2.errors import DFlash2Error
-from dflash2.fileio import atomic_directory, remove_stale_temporaries
+from dflash2.fileio import atomic_directory, remove_stale_temporaries, sha256_file
 from dflash2.weights import safetensors_header
 
 SOURCE_RECORD = "dflash2_source.json"
@@ -201,14 +200,6 @@ def _say(message: str) -> None:
     print(f"dflash2: {message}", file=sys.stderr, flush=True)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _dequantized_model(gguf: Path) -> torch.nn.Module:
     """Load the GGUF as a dense float32 model that `save_pretrained` accepts.
 
@@ -243,7 +234,7 @@ def _source_record(spec: BuiltinTarget, gguf: Path) -> dict:
         "package": spec.package,
         "gguf_file": gguf.name,
         "gguf_size": gguf.stat().st_size,
-        "gguf_sha256": _sha256(gguf),
+        "gguf_sha256": sha256_file(gguf),
         "dtype": "float32",
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,

@@ -11,6 +11,7 @@ Contract:
 - `choose_mask_token(tokenizer, vocab_size)`: the id for a draft block's MASK slots, one the target
   never writes: the tokenizer's mask token, else an added special token named like a mask, else an
   added special token that chat formatting does not use, else the last vocabulary id.
+- `first_turns(conversations, tokenizer)`: each conversation's first user turn, encoded.
 - `stop_token_ids(tokenizer, model_config)` collects the ids that end an answer (EOS and, for chat
   models, the end-of-turn token), so generation stops where the model's own `generate` would.
 """
@@ -79,3 +80,8 @@ def choose_mask_token(tokenizer, vocab_size: int) -> int:
             return idx
     unused = [idx for tok, idx in added.items() if not _CHAT_TOKENS.search(tok.lower())]
     return max(unused) if unused else vocab_size - 1
+
+
+def first_turns(conversations: list, tokenizer) -> list[list[int]]:
+    """The first user turn of each conversation (anything with `.turns`), encoded for the target."""
+    return [encode_messages(tokenizer, [{"role": "user", "content": c.turns[0]}]) for c in conversations]

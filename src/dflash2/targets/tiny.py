@@ -5,7 +5,8 @@ LM of the given family ("llama", "qwen3", "gemma3"; Gemma3 with a short sliding 
 window roll-back is exercised) in fp32, eval mode. `tiny_draft(target, ...)` builds a matching
 randomly initialised DFlash2 (or v1) draft (the draft factory, `model.factory.create_draft`) whose
 convolutions and selector are perturbed away from their identity / neutral init, so every part of
-the draft does real work.
+the draft does real work. `TinyTokenizer(vocab_size)` is a character-level stand-in tokenizer for
+them (no chat template).
 """
 from __future__ import annotations
 
@@ -58,3 +59,25 @@ def tiny_draft(target, *, block_size: int = 8, num_layers: int = 2, use_conv: bo
         generator = torch.Generator().manual_seed(seed + 1)
         draft.set_draft_vocabulary(torch.randperm(target.config.vocab_size, generator=generator)[:draft_vocab_size])
     return draft.eval()
+
+
+class TinyTokenizer:
+    """Character-level stand-in for a real tokenizer, for the random tiny models (no chat template).
+
+    Ids 0-2 are pad / BOS / EOS; characters map into 3..vocab_size-2 (the last id is the draft's
+    MASK). Prompts are cut to `max_chars` characters so tiny runs stay fast.
+    """
+
+    chat_template = None
+    eos_token_id = 2
+    pad_token_id = 0
+
+    def __init__(self, vocab_size: int, max_chars: int = 40):
+        self.span = vocab_size - 4
+        self.max_chars = max_chars
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": [1] + [3 + ord(c) % self.span for c in text[-self.max_chars:]]}
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(ord("a") + (int(i) - 3) % 26) for i in ids if not (skip_special_tokens and int(i) < 3))

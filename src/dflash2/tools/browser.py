@@ -56,7 +56,7 @@ def ask(page, url: str, message: str, api_key: str | None = None, max_tokens: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import sync_playwright   # an optional dependency (the `test` extra)
 
     p = argparse.ArgumentParser(prog="python -m dflash2.tools.browser", description="Screenshot the playground.")
     p.add_argument("--url", default="http://127.0.0.1:8000/")

@@ -29,9 +29,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from dflash2.argparsing import OneLineParser
+from dflash2.argparsing import OneLineParser, run_command
+from dflash2.data.prompts import BENCHMARKS, load_benchmark
 from dflash2.errors import DFlash2Error, require
+from dflash2.fileio import write_json
 from dflash2.serve.settings import API_KEY_ENV, LOOPBACK_HOSTS
+from dflash2.targets.chat import encode_messages
 
 MODES = ("speculative", "plain")
 
@@ -109,8 +112,6 @@ def parse_settings(argv: list[str]) -> LoadSettings:
     require(a.requests > 0, f"--requests must be positive, got {a.requests}")
     require(a.max_tokens > 0, f"--max-tokens must be positive, got {a.max_tokens}")
     require(a.timeout > 0, f"--timeout must be positive, got {a.timeout}")
-    from dflash2.data.prompts import BENCHMARKS
-
     datasets = tuple(d.strip() for d in a.datasets.split(",") if d.strip())
     require(bool(datasets) and all(d in BENCHMARKS for d in datasets),
             f"--datasets must list benchmarks from {', '.join(BENCHMARKS)}, got '{a.datasets}'")
@@ -120,8 +121,6 @@ def parse_settings(argv: list[str]) -> LoadSettings:
 
 
 def load_prompts(settings: LoadSettings) -> list[str]:
-    from dflash2.data.prompts import load_benchmark
-
     per = -(-settings.requests // len(settings.datasets))
     sets = [[c.turns[0] for c in load_benchmark(name, per)] for name in settings.datasets]
     mixed = [texts[i] for i in range(per) for texts in sets if i < len(texts)]
@@ -148,7 +147,7 @@ class ServerProcess:
         self.url, self.description = self._wait_ready()
 
     def _wait_ready(self, timeout: float = 600.0) -> tuple[str, str]:
-        import httpx
+        import httpx   # an optional dependency (the `test` extra): needed only when requests are sent
 
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -217,7 +216,7 @@ async def _stream(http, url: str, model: str, prompt: str, max_tokens: int, outc
 
 async def run_level(url: str, model: str, prompts: list[str], clients: int, max_tokens: int,
                     timeout: float, api_key: str | None = None) -> tuple[list[Outcome], float]:
-    import httpx
+    import httpx   # an optional dependency (the `test` extra): needed only when requests are sent
 
     work = asyncio.Queue()
     for i in range(len(prompts)):
@@ -262,16 +261,13 @@ def summarise(mode: str, clients: int, outcomes: list[Outcome], wall: float) -> 
 # --------------------------------------------------------------------------- references
 def references(settings: LoadSettings, prompts: list[str]) -> list[list[int]]:
     """The engine alone on each prompt (plain greedy decoding: the target's own answer)."""
+    # the engine (torch, transformers, the targets) loads here, only when a run checks answers
     from dflash2.decoding.engine import GenerationConfig
-    from dflash2.targets.chat import encode_messages
+    from dflash2.pipeline import load_decoder, tiny_pipeline
 
     if settings.tiny:
-        from dflash2.eval.benchkit import tiny_pipeline
-
         pipe = tiny_pipeline(0, "never")
     else:
-        from dflash2.pipeline import load_decoder
-
         pipe = load_decoder(settings.target, None, settings.device, settings.dtype, no_draft=True)
     config = GenerationConfig(max_new_tokens=settings.max_tokens, stop_token_ids=tuple(pipe.stop_token_ids))
     out = []
@@ -297,7 +293,7 @@ def markdown(rows: list[dict]) -> str:
 
 def _connect(url: str, key: str | None, timeout: float) -> str:
     """The served model id, after one warm-up request (not counted)."""
-    import httpx
+    import httpx   # an optional dependency (the `test` extra): needed only when requests are sent
 
     auth = {"Authorization": f"Bearer {key}"} if key else {}
     listing = httpx.get(url + "/v1/models", timeout=30, headers=auth)
@@ -311,7 +307,7 @@ def _connect(url: str, key: str | None, timeout: float) -> str:
 def run(settings: LoadSettings, command: str = "dflash2 loadtest") -> dict:
     """All servers are started first; then at each concurrency level the modes take turns, so a
     shared machine's changing background load falls on both modes alike."""
-    from dflash2.eval.benchkit import git_commit, machine_info
+    from dflash2.provenance import git_commit, machine_info   # torch and transformers: only for a run
 
     prompts = load_prompts(settings)
     rows, answers, servers, running = [], {}, {}, {}
@@ -357,8 +353,6 @@ def main(argv: list[str] | None = None) -> int:
     shown = ["***" if i and argv[i - 1] == "--api-key" else a for i, a in enumerate(argv)]
     results = run(settings, " ".join(["dflash2 loadtest", *shown]))
     if settings.out:
-        from dflash2.eval.benchkit import write_json
-
         write_json(settings.out, results)
     print(markdown(results["rows"]))
     bad = sum(r["errors"] + (r.get("mismatches") or 0) for r in results["rows"])
@@ -366,6 +360,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from dflash2.cli import main as dflash2_main
-
-    sys.exit(dflash2_main(["loadtest", *sys.argv[1:]]))
+    sys.exit(run_command(main))

@@ -21,13 +21,16 @@ import sys
 import time
 from pathlib import Path
 
-from dflash2.argparsing import OneLineParser
+from dflash2.argparsing import ModelSettings, OneLineParser, parse_list
+from dflash2.data.prompts import load_conversations
 from dflash2.eval import bench
-from dflash2.eval.benchkit import ModelSettings, build_pipeline, fmt, git_commit, machine_info, machine_line, markdown_table, parse_list
-from dflash2.eval.benchkit import check_output, load_conversations, write_json, write_text
 from dflash2.errors import require
-from dflash2.fileio import atomic_write
+from dflash2.fileio import atomic_write, check_output, fmt, markdown_table, write_json, write_text
+from dflash2.pipeline import build_pipeline
+from dflash2.provenance import git_commit, machine_info, machine_line
 from dflash2.training.config import load_config
+from dflash2.training.preflight import check_inputs
+from dflash2.training.trainer import Trainer
 
 ARMS = {  # name -> (use_selector, use_conv)
     "dflash-v1": (False, False),
@@ -40,8 +43,6 @@ TEMPERATURES = {"t0": {"temperature": 0.0}, "t1": {"temperature": 1.0, "top_p": 
 
 def train_arm(config_path: str, overrides: list[str], arm: str, out: Path) -> dict:
     """Train one arm (unless its final/ exists) -> {"seconds": ..., "summary": ...}."""
-    from dflash2.training.trainer import Trainer
-
     run_dir = out / arm
     record = run_dir / "ablation-train.json"
     if (run_dir / "final").is_dir() and record.is_file():
@@ -86,7 +87,7 @@ def curve(metrics_path: Path) -> list[tuple[int, float]]:
 
 
 def plot_curves(curves: dict[str, list[tuple[int, float]]], png: Path) -> None:
-    import matplotlib
+    import matplotlib   # plotting only: loaded when a figure is drawn, not for every command's start-up
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -160,8 +161,6 @@ def main(argv: list[str] | None = None) -> int:
     arms = parse_list(args.arms, "--arms")
     unknown = [a for a in arms if a not in ARMS]
     require(not unknown, f"--arms: unknown arm '{unknown[0] if unknown else ''}' (choose from {', '.join(ARMS)})")
-    from dflash2.training.preflight import check_inputs
-
     check_inputs(load_config(args.config, args.overrides))  # bad config values and data fail here, before any training
     load_conversations(parse_list(args.datasets, "--datasets"), args.num_prompts)
     check_output(args.output)

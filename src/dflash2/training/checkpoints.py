@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel
@@ -43,6 +44,7 @@ def _unwrap(module):
 
 
 def _fsdp_options():
+    # torch.distributed.checkpoint (here and below) loads only for FSDP runs: it is slow to import
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -147,8 +149,6 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
 
 
 def load_latest(run_dir: str | Path) -> tuple[Path, dict, dict]:
-    from safetensors.torch import load_file
-
     path = latest_checkpoint(run_dir)
     try:
         draft_state = load_file(str(path / "draft" / "model.safetensors"))

@@ -23,6 +23,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
+from dflash2.data.holdout import is_held_out
+from dflash2.data.shards import read_records
 from dflash2.errors import require
 from dflash2.training.batches import Example
 
@@ -41,9 +43,6 @@ def to_pair(input_ids, loss_mask, max_seq_len: int | None = None) -> Pair:
 def load_sequences(dirs: Iterable[str | Path], max_seq_len: int,
                    exclude_holdout: bool = False) -> tuple[list[Pair], dict]:
     """All records of the shard directories as (input_ids, loss_mask) pairs, plus counts."""
-    from dflash2.data.holdout import is_held_out
-    from dflash2.data.shards import read_records
-
     pairs: list[Pair] = []
     counts = {"records": 0, "dropped": 0, "tokens": 0, "supervised_tokens": 0, "truncated": 0, "held_out": 0}
     for directory in dirs:

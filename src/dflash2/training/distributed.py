@@ -90,7 +90,7 @@ class Dist:
         if not self.enabled:
             return module
         if mode == "fsdp":
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import fully_shard   # FSDP2 runs only: slow to import
             fully_shard(module)
             return module
         ids = [self.device.index] if self.device.type == "cuda" else None

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save
+from tqdm import tqdm
 
 from dflash2.errors import require
 from dflash2.fileio import atomic_write
@@ -131,8 +132,6 @@ class FeatureSource:
     def fill(self, sequences, progress: bool = True) -> int:
         """Compute and cache the signals of every (input_ids, loss_mask) pair not cached yet; returns
         how many were computed."""
-        from tqdm import tqdm
-
         require(self.root is not None, "config key 'data.feature_cache_dir' must be set to fill a feature cache")
         computed = 0
         for ids, _ in tqdm(sequences, desc="target features", unit="seq", disable=not progress):

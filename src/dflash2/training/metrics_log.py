@@ -47,7 +47,7 @@ class MetricsLog:
 
 
 def plot_curves(jsonl: str | Path, png: str | Path) -> None:
-    import matplotlib
+    import matplotlib   # plotting only: loaded when a figure is drawn, not for every command's start-up
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

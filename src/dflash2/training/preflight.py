@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dflash2.data.shards import load_manifest
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import refuse_existing_output, remove_own, remove_stale_temporaries
+from dflash2.model.draft import DFlash2DraftModel
 from dflash2.training import checkpoints as ckpt
 from dflash2.training.config import TrainConfig
 
@@ -50,8 +52,6 @@ def prepare_run_dir(cfg: TrainConfig, resume: bool, overwrite: bool, main_rank: 
 
 
 def check_inputs(cfg: TrainConfig) -> None:
-    from dflash2.data.shards import load_manifest
-
     for key, dirs in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
         for directory in dirs:
             require(Path(directory).is_dir(), f"config key '{key}': '{directory}' is not a directory")
@@ -60,8 +60,6 @@ def check_inputs(cfg: TrainConfig) -> None:
             except DFlash2Error as err:
                 raise DFlash2Error(f"config key '{key}': {err}") from None
     if cfg.draft.init_from:
-        from dflash2.model.draft import DFlash2DraftModel
-
         try:
             DFlash2DraftModel.from_pretrained(cfg.draft.init_from)
         except DFlash2Error as err:

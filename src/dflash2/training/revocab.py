@@ -23,13 +23,12 @@ from dflash2.argparsing import OneLineParser
 from dflash2.data.holdout import is_held_out
 from dflash2.data.shards import load_manifest, read_records
 from dflash2.data.vocab import coverage, frequency_vocabulary
+from dflash2.dtypes import DTYPES
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import refuse_existing_output
 from dflash2.model.draft import DFlash2DraftModel, read_config
 from dflash2.training.draft_step import with_vocabulary
 from dflash2.weights import stored_dtype, weight_files
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def response_sequences(dirs: list[str]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], set[int]]:

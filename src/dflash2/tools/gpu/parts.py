@@ -45,7 +45,7 @@ from pathlib import Path
 
 from dflash2.argparsing import OneLineParser
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import atomic_directory, atomic_write
+from dflash2.fileio import atomic_directory, atomic_write, sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT = "dflash2-parts"
@@ -54,14 +54,6 @@ CALL_LIMIT = 64 * MiB           # what one device call may send: working tree + 
 RETURN_LIMIT = 16 * MiB         # the largest file a device call gives back
 SLACK = 64 * 1024               # room in each call for the parts manifest
 _CHUNK = 4 * MiB
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(_CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def part_name(file: str, index: int) -> str:
