@@ -32,6 +32,8 @@ from dflash2.decoding.timing import Stopwatch
 from dflash2.rng import DRAFT, sample_from, uniforms
 
 
+DRAFT_PHASES = ("draft", "draft_head", "selector")  # the stopwatch phases of one draft pass: backbone, LM head, path selector
+
 @dataclass
 class Proposal:
     tokens: torch.Tensor            # [b, T]
