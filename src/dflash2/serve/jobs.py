@@ -13,9 +13,9 @@ Contract:
   by `SpeculativeDecoder.check` (`ContextLimitError`: 400 `context_length_exceeded`).
 - The scheduler thread sends a job's results through `job.sink` (thread-safe): `Progress`
   (the pieces of text one cycle released, one per committed token), then `Finished` or `Failed`.
-- Token origins, per committed token: "draft" (an accepted draft token), "target" (the target's
-  own token closing a speculative cycle) or "plain" (a plain target step, or the prefill's first
-  token). `Job.stats()` counts like `RowStats`: acceptance length = tokens committed by
+- Token origins, per committed token: "draft" (an accepted token of the draft model), "lookup"
+  (an accepted lookup proposal: `decoding.lookup`), "target" (the target's own token closing a
+  speculative cycle) or "plain" (a plain target step, or the prefill's first token). `Job.stats()` counts like `RowStats`: acceptance length = tokens committed by
   speculative cycles / speculative cycles (= (draft + target) / target tokens, unless the last
   cycle was cut short by a stop or the length limit).
 """
@@ -35,7 +35,8 @@ from dflash2.serve.settings import RequestDefaults
 from dflash2.serve.text import TextStream
 from dflash2.targets.chat import encode_messages
 
-DRAFT, TARGET, PLAIN = "draft", "target", "plain"
+DRAFT, LOOKUP, TARGET, PLAIN = "draft", "lookup", "target", "plain"
+SOURCES = (DRAFT, LOOKUP)   # where accepted proposals come from (`Commit.source`)
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,8 @@ class Job:
     restarts: int = 0
     done: bool = False
 
-    def record(self, tokens: list[int], accepted: int, drafted: int) -> list[str]:
-        """Count one commit; returns the origin of each of its tokens."""
+    def record(self, tokens: list[int], accepted: int, drafted: int, source: str = DRAFT) -> list[str]:
+        """Count one commit (its accepted tokens proposed by `source`); returns each token's origin."""
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         if self.prefilling:
@@ -101,7 +102,7 @@ class Job:
         elif drafted > 0:
             self.speculative_cycles += 1
             self.speculative_tokens += len(tokens)
-            origins = [DRAFT] * accepted + [TARGET] * (len(tokens) - accepted)
+            origins = [source or DRAFT] * accepted + [TARGET] * (len(tokens) - accepted)
         else:
             self.plain_steps += 1
             origins = [PLAIN] * len(tokens)
@@ -116,6 +117,7 @@ class Job:
             "acceptance_length": self.speculative_tokens / self.speculative_cycles if self.speculative_cycles else 0.0,
             "speculative_cycles": self.speculative_cycles, "plain_steps": self.plain_steps,
             "accepted_draft_tokens": self.origins.count(DRAFT),
+            "accepted_lookup_tokens": self.origins.count(LOOKUP),
             "time_to_first_token_s": ttft, "latency_s": finished_at - self.created,
             "time_per_output_token_s": decode / (n - 1) if n > 1 else 0.0,
             "tokens_per_second": n / (finished_at - self.created) if finished_at > self.created else 0.0,

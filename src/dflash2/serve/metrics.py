@@ -10,6 +10,8 @@ Contract (metric names; counters end in `_total` on the wire):
 - `dflash2_acceptance_length`: histogram of per-request acceptance length (requests with at least
   one speculative cycle); `dflash2_speculative_tokens_total / dflash2_speculative_cycles_total`
   is the server-wide acceptance length.
+- `dflash2_accepted_tokens_total{source}`: accepted proposed tokens of finished requests by where
+  they came from (`draft`: the draft model, `lookup`: lookup proposals).
 - `dflash2_time_to_first_token_seconds`, `dflash2_time_per_output_token_seconds`,
   `dflash2_request_latency_seconds`: histograms, from the request's arrival.
 - `dflash2_queue_depth`, `dflash2_running_batch_size`: gauges read from the scheduler when scraped.
@@ -43,6 +45,8 @@ class ServerMetrics:
                                     "per speculative cycle)", buckets=_ACCEPTANCE_BUCKETS, registry=r)
         self.spec_tokens = Counter("dflash2_speculative_tokens", "Tokens committed by speculative cycles", registry=r)
         self.spec_cycles = Counter("dflash2_speculative_cycles", "Speculative cycles (per row)", registry=r)
+        self.accepted = Counter("dflash2_accepted_tokens", "Accepted proposed tokens by where they came from "
+                                "(draft: the draft model, lookup: lookup proposals)", ["source"], registry=r)
         self.ttft = Histogram("dflash2_time_to_first_token_seconds", "Arrival to first committed token",
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.tpot = Histogram("dflash2_time_per_output_token_seconds", "Decode time per output token after the first",
@@ -78,6 +82,9 @@ class ServerMetrics:
         self.latency.observe(stats["latency_s"])
         if stats["time_per_output_token_s"] > 0:
             self.tpot.observe(stats["time_per_output_token_s"])
+        for source in ("draft", "lookup"):
+            if stats.get(f"accepted_{source}_tokens"):
+                self.accepted.labels(source).inc(stats[f"accepted_{source}_tokens"])
         if cycles:
             self.acceptance.observe(stats["acceptance_length"])
             self.spec_tokens.inc(speculative_tokens)

@@ -1,5 +1,5 @@
 // dflash2 playground (see playground.html for the contract): streams a chat answer from
-// /v1/chat/completions and colours every token by its origin ("draft", "target" or "plain",
+// /v1/chat/completions and colours every token by its origin ("draft", "lookup", "target" or "plain",
 // from the `origins` extension that `return_token_ids` turns on).
 "use strict";
 
@@ -23,6 +23,7 @@ function turn(role) {
 function showStats(s) {
   $("stat-tokens").textContent = s.tokens;
   $("stat-draft").textContent = s.draft;
+  $("stat-lookup").textContent = s.lookup;
   $("stat-tps").textContent = s.tps === null ? "–" : s.tps.toFixed(1);
   $("stat-al").textContent = s.al === null ? "–" : s.al.toFixed(2);
   $("stat-ttft").textContent = s.ttft === null ? "–" : (s.ttft * 1000).toFixed(0) + " ms";
@@ -41,8 +42,8 @@ async function send(text) {
   state.messages.push({ role: "user", content: text });
   turn("user").textContent = text;
   const out = turn("assistant");
-  const counts = { draft: 0, target: 0, plain: 0 };
-  const stats = { tokens: 0, draft: 0, tps: null, al: null, ttft: null };
+  const counts = { draft: 0, lookup: 0, target: 0, plain: 0 };
+  const stats = { tokens: 0, draft: 0, lookup: 0, tps: null, al: null, ttft: null };
   const started = performance.now();
   let answer = "";
   showStats(stats);
@@ -88,9 +89,10 @@ async function send(text) {
             for (const o of origins) counts[o] = (counts[o] || 0) + 1;
             stats.tokens += origins.length;
             stats.draft = counts.draft;
+            stats.lookup = counts.lookup;
             if (stats.ttft === null && origins.length) stats.ttft = (performance.now() - started) / 1000;
             stats.tps = stats.tokens / ((performance.now() - started) / 1000);
-            stats.al = counts.target ? (counts.draft + counts.target) / counts.target : null;
+            stats.al = counts.target ? (counts.draft + counts.lookup + counts.target) / counts.target : null;
             const text = choice.delta && choice.delta.content;
             if (text) {
               const span = document.createElement("span");

@@ -11,7 +11,7 @@ Contract:
   `logprobs`, tools, penalties, ...) or one it does not know is refused, never silently dropped.
   Extensions: `top_k` (an integer, 0 = off) and `return_token_ids` (each choice, and each stream
   chunk, carries its `token_ids` and their `origins`: per token "draft" for an accepted draft
-  token, "target" for the target's own token closing a speculative cycle, "plain" for a plain
+  token, "lookup" for an accepted lookup proposal, "target" for the target's own token closing a speculative cycle, "plain" for a plain
   target step). `user` is accepted (it is an end-user id, it does not change the answer).
 - Ranges (max_tokens > 0, temperature >= 0, top_p in (0, 1], ...) are not checked here: they are
   the engine's rule (`GenerationConfig.validate`), applied in `jobs.build_job` with the error

@@ -166,7 +166,7 @@ class Scheduler:
         try:
             commit = event.commit
             first = job.first_token_at is None
-            origins = job.record(commit.tokens, commit.accepted, commit.drafted)
+            origins = job.record(commit.tokens, commit.accepted, commit.drafted, commit.source)
             pieces = []
             for token, origin in zip(commit.tokens, origins):
                 text = job.stream.push(token)
