@@ -38,13 +38,13 @@ def test_no_draft_has_a_name_in_the_python_api(work):
 
 def test_a_first_regenerate_run_that_fails_leaves_no_manifest(work, capsys, monkeypatch):
     """A failure before any record is stored leaves nothing, so the corrected rerun is not refused."""
-    from dflash2.data import regenerate
+    from dflash2.decoding.engine import DecodeSession
 
-    real = regenerate.SpeculativeDecoder.generate
+    real = DecodeSession.step
 
     def fail(*args, **kwargs):
         raise RuntimeError("the decoder failed")
-    monkeypatch.setattr(regenerate.SpeculativeDecoder, "generate", fail)
+    monkeypatch.setattr(DecodeSession, "step", fail)
     argv = ["regenerate", "--target", "target", "--source", "synthetic", "--out", "new", "--num-prompts", "2",
             "--no-progress", "--max-new-tokens", "8"]
     try:
@@ -52,7 +52,7 @@ def test_a_first_regenerate_run_that_fails_leaves_no_manifest(work, capsys, monk
     except RuntimeError:
         pass
     assert not (work / "new").exists()
-    monkeypatch.setattr(regenerate.SpeculativeDecoder, "generate", real)
+    monkeypatch.setattr(DecodeSession, "step", real)
     assert main(argv[:-1] + ["4"]) == 0 and (work / "new" / "manifest.json").is_file()
 
 
