@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash2.argparsing import OneLineParser
+from dflash2.argparsing import OneLineParser, run_command
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import atomic_directory, atomic_write, sha256_file
 
@@ -450,6 +450,11 @@ def _collect(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; a bad input is one line `error: ...` and 2 (`argparsing.run_command`)."""
+    return run_command(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = OneLineParser(prog="python -m dflash2.tools.gpu.parts", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     split = sub.add_parser("split-target", help="split a target's GGUF into parts for device calls; print the calls")
@@ -472,22 +477,18 @@ def main(argv: list[str] | None = None) -> int:
     collect.add_argument("parts_dir")
     collect.add_argument("dest")
     collect.add_argument("--force", action="store_true", help="replace the draft's files in an existing DEST")
-    try:
-        args = parser.parse_args(argv)
-        if args.command == "split-target":
-            return _split_target(args)
-        if args.command == "status":
-            state = parts_status(args.parts_dir)
-            print(state.line())
-            return 0 if not state.bad else 1
-        if args.command == "join":
-            manifest = join_parts(args.parts_dir, args.dest)
-            print(f"{args.dest}: {manifest['size']} bytes, sha256 {manifest['sha256']} verified")
-            return 0
-        return _collect(args)
-    except DFlash2Error as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    args = parser.parse_args(argv)
+    if args.command == "split-target":
+        return _split_target(args)
+    if args.command == "status":
+        state = parts_status(args.parts_dir)
+        print(state.line())
+        return 0 if not state.bad else 1
+    if args.command == "join":
+        manifest = join_parts(args.parts_dir, args.dest)
+        print(f"{args.dest}: {manifest['size']} bytes, sha256 {manifest['sha256']} verified")
+        return 0
+    return _collect(args)
 
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash2.argparsing import OneLineParser
-from dflash2.errors import DFlash2Error, require
+from dflash2.argparsing import OneLineParser, run_command
+from dflash2.errors import require
 from dflash2.tools.gpu import parts as gpu_parts
 from dflash2.training.regenerate import (Prompt, encode_training_prompts, generate_shards, sampling_fields,
                                          target_fields, tokenizer_fields)
@@ -152,6 +152,11 @@ def collect_data(parts_dir: str | Path, dest: str | Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; a bad input is one line `error: ...` and 2 (`argparsing.run_command`)."""
+    return run_command(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = OneLineParser(prog="python -m dflash2.tools.gpu.regen", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     p = sub.add_parser("prompts", help="encode training prompts as token ids for the device")
@@ -164,15 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("collect", help="rebuild the regenerated shards a device call gave back")
     c.add_argument("parts_dir", help="the reply's data/ folder (data.tar.part-NN, manifest.json)")
     c.add_argument("dest", help="new shard directory, e.g. data/regen/smollm2-device")
-    try:
-        args = parser.parse_args(argv)
-        if args.command == "collect":
-            print(json.dumps(collect_data(args.parts_dir, args.dest)))
-            return 0
-        return _export(args)
-    except DFlash2Error as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    args = parser.parse_args(argv)
+    if args.command == "collect":
+        print(json.dumps(collect_data(args.parts_dir, args.dest)))
+        return 0
+    return _export(args)
 
 
 if __name__ == "__main__":
