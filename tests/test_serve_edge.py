@@ -298,3 +298,36 @@ def test_drain_cut_ends_streams_with_an_error_event(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("mib, status", [(0.1, 413), (0.05, 200)])
+def test_loadtest_sends_one_big_body_mid_run_and_polls_health(live, tmp_path, capsys, mib, status):
+    """`dflash2 loadtest --big-body-mb`: the big body reaches the server while the streams run (over
+    the 64 KiB limit: 413; under it: answered), /health is polled through the level, and every
+    stream's completion is reported."""
+    from dflash2.cli import main
+
+    out = tmp_path / "load.json"
+    code = main(["loadtest", "--tiny", "--url", live.url, "--api-key", API_KEY, "--concurrency", "4", "--requests", "4",
+                 "--max-tokens", "24", "--big-body-mb", str(mib), "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    [row] = json.loads(out.read_text())["rows"]
+    probe = row["probe"]
+    assert row["completed"] == [True] * 4 and row["errors"] == 0 and row["mismatches"] == 0
+    assert probe["big_body"]["bytes"] == int(mib * 2**20) and probe["big_body"]["status"] == status
+    assert probe["big_body"]["code"] == ("request_too_large" if status == 413 else None)
+    assert probe["health"]["polls"] >= 1 and probe["health"]["failures"] == 0
+    assert probe["health"]["max_ms"] >= probe["health"]["median_ms"] > 0
+    assert "| speculative | 4 | 4 / 4 | " + str(status) in printed
+
+
+def test_the_big_body_is_valid_json_of_the_size_asked():
+    from dflash2.tools.loadprobe import big_body
+
+    for size in (1000, 123_457):
+        body = big_body("m", size)
+        parsed = json.loads(body)
+        assert len(body) == size and parsed["model"] == "m" and parsed["max_tokens"] == 1
+        assert parsed["prompt"].startswith("hello world hello")
+    assert json.loads(big_body("m", 10))["prompt"] == ""   # smaller than the fields: the fields alone
