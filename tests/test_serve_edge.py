@@ -331,3 +331,37 @@ def test_the_big_body_is_valid_json_of_the_size_asked():
         assert len(body) == size and parsed["model"] == "m" and parsed["max_tokens"] == 1
         assert parsed["prompt"].startswith("hello world hello")
     assert json.loads(big_body("m", 10))["prompt"] == ""   # smaller than the fields: the fields alone
+
+
+class CopyRecordingTokenizer(TinyTokenizer):
+    """Records the thread that copies it (copying a real Rust tokenizer holds the GIL ~0.3 s)."""
+
+    copied_in: list[str] = []
+
+    def __deepcopy__(self, memo):
+        CopyRecordingTokenizer.copied_in.append(threading.current_thread().name)
+        return CopyRecordingTokenizer(self.span + 4)
+
+
+def test_encoder_threads_get_tokenizer_copies_made_at_start_up_not_in_a_request():
+    import asyncio
+
+    from dflash2.serve.generation import Encoders
+
+    CopyRecordingTokenizer.copied_in = []
+    encoders = Encoders(CopyRecordingTokenizer(64), workers=3)
+    made_at_start = list(CopyRecordingTokenizer.copied_in)
+
+    def which(_i):
+        time.sleep(0.05)   # keep the thread busy, so that the pool starts all of its threads
+        return threading.current_thread().name, id(encoders.tokenizer)
+
+    async def requests():
+        return await asyncio.gather(*(encoders.run(which, i) for i in range(6)))
+    try:
+        seen = dict(asyncio.run(requests()))
+    finally:
+        encoders.close()
+    assert made_at_start == [threading.current_thread().name] * 3
+    assert CopyRecordingTokenizer.copied_in == made_at_start            # no copy made on a request's way
+    assert len(seen) == 3 and len(set(seen.values())) == 3              # each thread its own copy
