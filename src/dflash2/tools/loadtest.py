@@ -294,7 +294,7 @@ async def run_level(url: str, model: str, prompts: list[str], clients: int, max_
             big_outcome = await big if big is not None else None
         finally:
             answers = poller.stop() if poller else []
-    summary = probe_summary(answers, big_outcome) if probe.active else None
+    summary = probe_summary(answers, big_outcome, started) if probe.active else None
     return Level(sorted(outcomes, key=lambda o: o.index), wall, summary)
 
 
