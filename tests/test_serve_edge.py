@@ -62,10 +62,10 @@ class TimedTokenizer(TinyTokenizer):
     def __init__(self, vocab_size: int):
         super().__init__(vocab_size, max_chars=10**9)
 
-    def __call__(self, text: str) -> dict:
+    def __call__(self, text: str, **bound) -> dict:
         started = time.perf_counter()
         try:
-            return super().__call__(text)
+            return super().__call__(text, **bound)
         finally:
             if len(text) > 1_000_000:
                 TimedTokenizer.spans.append((started, time.perf_counter()))
@@ -239,7 +239,7 @@ def test_a_20_mb_body_while_16_streams_run():
             poller.result()
             results = [job.result(timeout=120) for job in streams]
         assert reply.status_code == 400 and reply.json()["error"]["code"] == "context_length_exceeded"
-        assert "prompt of 20000001 tokens" in reply.json()["error"]["message"]   # tokenised in full
+        assert "the prompt alone is more than the context limit of 512" in reply.json()["error"]["message"]
         assert results == [(w, "length") for w in want]                          # every stream, token for token
         # /health kept answering while the big prompt was being tokenised: round trips that began
         # and ended inside it (a body tokenised on the event loop leaves none)
@@ -365,3 +365,36 @@ def test_encoder_threads_get_tokenizer_copies_made_at_start_up_not_in_a_request(
     assert made_at_start == [threading.current_thread().name] * 3
     assert CopyRecordingTokenizer.copied_in == made_at_start            # no copy made on a request's way
     assert len(seen) == 3 and len(set(seen.values())) == 3              # each thread its own copy
+
+
+class ListedIds:
+    """A real Hugging Face fast tokenizer, recording how many ids each call handed back."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.listed = tokenizer, []
+
+    def __call__(self, text, **kwargs):
+        out = self.tokenizer(text, **kwargs)
+        self.listed.append(len(out["input_ids"]))
+        return out
+
+
+def test_a_prompt_beyond_the_context_is_refused_without_listing_all_its_ids():
+    """Turning millions of ids into a Python list holds the GIL for about 0.5 s (/health waited that
+    long behind a 20 MB prompt): the server asks the tokenizer for one id more than the context."""
+    from dflash2.serve.jobs import build_job
+    from dflash2.serve.protocol import ApiError, parse_completion
+    from dflash2.serve.settings import RequestDefaults
+    from matrix_util import tiny_tokenizer
+
+    pipeline = tiny_serving_pipeline(speculate="never")
+    tokenizer = ListedIds(tiny_tokenizer())
+    limit = pipeline.decoder.target.max_positions
+    request = parse_completion({"model": "m", "prompt": "ab " * 10_000, "max_tokens": 4})
+    with pytest.raises(ApiError) as info:
+        build_job(request, pipeline, RequestDefaults(), lambda _: None, tokenizer=tokenizer)
+    assert info.value.code == "context_length_exceeded" and f"more than the context limit of {limit}" in info.value.message
+    assert tokenizer.listed == [limit + 1]
+    fits = parse_completion({"model": "m", "prompt": "ab " * 100, "max_tokens": 4})
+    job = build_job(fits, pipeline, RequestDefaults(), lambda _: None, tokenizer=tokenizer)
+    assert job.prompt == tiny_tokenizer()("ab " * 100)["input_ids"]            # a prompt that fits: every id
