@@ -100,3 +100,16 @@ def test_the_loaded_models_are_out_of_the_collectors_sight():
         assert id(pipeline.decoder) not in frozen and id(pipeline.decoder.target) not in frozen
     finally:
         gc.unfreeze()
+
+
+def test_the_socket_accepts_connections_as_soon_as_it_is_claimed():
+    """The `dflash2 serve: http://...` line is printed once the socket is claimed, before uvicorn
+    runs: a client that connects then must wait in the backlog, not be refused."""
+    from dflash2.serve.command import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        with socket.create_connection(sock.getsockname()[:2], timeout=5):
+            pass
+    finally:
+        sock.close()

@@ -11,7 +11,9 @@ until SIGINT or SIGTERM. SIGTERM drains: no new connections, the requests in fli
 Once loaded, the heap is settled (`settle_heap`: the collector no longer rescans the models'
 objects, whose full collections paused the server for up to 0.7 s).
 `run_server(pipeline, settings, sock)` serves an already loaded pipeline on an open socket
-(tests start it in a thread); `bind(host, port)` opens that socket (port 0: a free port).
+(tests start it in a thread); `bind(host, port)` opens that socket (port 0: a free port) and
+listens on it at once, so a client that connects as soon as the `dflash2 serve:` line appears
+waits in the backlog while the server finishes starting, instead of being refused.
 """
 from __future__ import annotations
 
@@ -91,12 +93,16 @@ def _mebibytes(value: float) -> int:
     return int(value * 2**20)
 
 
+LISTEN_BACKLOG = 2048   # uvicorn's own default
+
+
 def bind(host: str, port: int) -> socket.socket:
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)   # from here a client connects (and waits) instead of being refused
     except OSError as err:
         raise DFlash2Error(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
     sock.set_inheritable(True)
