@@ -116,6 +116,10 @@ MALFORMED = {
     "a number as content": (_body(messages=[{"role": "user", "content": 5}]), "messages", "content"),
     "a string as max_tokens": (_body(prompt="hi", max_tokens="8"), "max_tokens", "integer"),
     "a dict as stop": (_body(prompt="hi", stop={"a": 1}), "stop", "stop"),
+    # a value that compares equal to the harmless one in Python, but is another JSON value
+    "logprobs 0 (a request for log probabilities)": (_body(prompt="hi", logprobs=0), "logprobs", "not supported"),
+    "n true": (_body(prompt="hi", n=True), "n", "not supported"),
+    "n 1.0": (_body(prompt="hi", n=1.0), "n", "not supported"),
 }
 
 
@@ -398,3 +402,20 @@ def test_a_prompt_beyond_the_context_is_refused_without_listing_all_its_ids():
     fits = parse_completion({"model": "m", "prompt": "ab " * 100, "max_tokens": 4})
     job = build_job(fits, pipeline, RequestDefaults(), lambda _: None, tokenizer=tokenizer)
     assert job.prompt == tiny_tokenizer()("ab " * 100)["input_ids"]            # a prompt that fits: every id
+
+
+def test_a_client_that_leaves_before_its_body_arrives_is_no_fault(live):
+    """A body shorter than its Content-Length, then the connection closed: no 500, no traceback,
+    counted as 499 (the client left), and the server answers the next request."""
+    before = count(live.metrics(), "/v1/completions", 499)
+    with Records() as log:
+        with socket.create_connection(live.sock.getsockname()[:2], timeout=10) as raw:
+            raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Authorization: Bearer " + API_KEY.encode() + b"\r\nContent-Length: 100\r\n\r\n{\"prompt\": ")
+        deadline = time.time() + 20
+        while count(live.metrics(), "/v1/completions", 499) < before + 1:
+            assert time.time() < deadline, "the cut request was not counted as 499"
+            time.sleep(0.05)
+        good = httpx.post(live.url + "/v1/completions", content=_body(prompt="hi"), headers=AUTH, timeout=30)
+    assert good.status_code == 200
+    assert log.tracebacks == [] and not any(r.levelno >= logging.ERROR for r in log.records)

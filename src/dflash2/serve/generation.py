@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from dflash2.serve.guard import record_status
 from dflash2.serve.jobs import Failed, Finished, Job, Progress, build_job
@@ -148,6 +149,8 @@ class Generation:
             self.scheduler.submit(job)
         except ApiError as err:
             return error_response(err)
+        except ClientDisconnect:   # the client left before its body arrived: nobody to answer, no fault
+            return Response(status_code=499)
         self.open_requests.open(channel)
         try:
             return await self._answer(request, job, channel)

@@ -145,9 +145,15 @@ def _boolean(body: dict, name: str) -> bool:
     return value
 
 
+def _same(value, allowed) -> bool:
+    """Equal and of the same JSON type: `0`, `false` and `1.0` are not `false`, `0` and `1` (in Python
+    they compare equal, so `"logprobs": 0`, a request for log probabilities, passed as `false`)."""
+    return type(value) is type(allowed) and value == allowed
+
+
 def _refuse_unless(body: dict, name: str, allowed, why: str) -> None:
     """A field the server cannot honour is only accepted at the value that changes nothing."""
-    if name in body and body[name] is not None and body[name] not in allowed:
+    if name in body and body[name] is not None and not any(_same(body[name], a) for a in allowed):
         raise bad_request(f"'{name}' = {_show(body[name])} is not supported: {why}.", name, "unsupported_parameter")
 
 
