@@ -137,6 +137,10 @@ def build_files(root: Path) -> None:
                         "msgs-nocontent.json": [{"role": "user"}]}.items():
         (root / name).write_text(json.dumps(value))
     (root / "msgs-deep.json").write_text("[" * DEEP + "]" * DEEP)
+    (root / "msgs-surrogate.json").write_text('[{"role": "user", "content": "hi \\ud800"}]')   # valid JSON, not text
+    (root / "msgs-bigint.json").write_text('[{"role": "user", "content": ' + "9" * 5000 + "}]")
+    os.symlink("loop-b", root / "loop-a")   # a symbolic link loop
+    os.symlink("loop-a", root / "loop-b")
     (root / "deep.jsonl").write_text('{"prompt": ' + "[" * DEEP + "]" * DEEP + "}\n")
     (root / "bad.yaml").write_text("train:\n  steps: [1\n")
     (root / "nonutf8.yaml").write_bytes(b"train:\n  steps: \xff\n")
@@ -173,6 +177,9 @@ def snapshot(root: Path) -> dict[str, str]:
     for folder, _dirs, files in os.walk(root):
         for name in files:
             path = Path(folder) / name
+            if path.is_symlink():   # a link is the user's too, but hashing follows it (a loop leads nowhere)
+                out[str(path.relative_to(root))] = "-> " + os.readlink(path)
+                continue
             out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
 
@@ -195,7 +202,7 @@ def work(template, tmp_path, monkeypatch):
     from transformers.utils import logging
 
     root = tmp_path / "work"
-    shutil.copytree(template, root)
+    shutil.copytree(template, root, symlinks=True)
     monkeypatch.chdir(root)
     logging.disable_progress_bar()
     yield root

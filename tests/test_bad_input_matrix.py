@@ -6,6 +6,13 @@ the offending option, config key or file, no traceback, and that no file the use
 nothing was left behind. Unless a case needs a model (`loads`), loading a target's weights fails
 the case: bad input must be refused before anything slow loads. A few cases run in a subprocess
 (real non-UTF-8 bytes in argv, a real SIGINT), where a traceback could not hide.
+
+Held-out sweep (2026-12-02, about 100 new CLI cases and 80 server cases of the same classes, run
+outside this file): what failed is fixed by class and its cases are here: JSON input files that are
+valid JSON but not text (a lone surrogate) or hold a 5000-digit integer; output paths through a
+symbolic link loop (every command's output check); data of a target with the same config and
+vocabulary size but another vocabulary mapping or other weights; an empty config (refused before
+the target opens). Server cases are in tests/test_serve_edge.py.
 """
 from __future__ import annotations
 
@@ -110,6 +117,9 @@ CASES = {
         Case(("generate", "--messages", "msgs-role.json"), "role 'robot'"),
         Case(("generate", "--messages", "msgs-nocontent.json"), "'content'"),
         Case(("generate", "--messages", "msgs-deep.json"), "msgs-deep.json' is nested too deeply"),
+        Case(("generate", "--messages", "msgs-surrogate.json"), "not Unicode text (a lone surrogate '\\ud800'"),
+        Case(("generate", "--messages", "msgs-bigint.json"), "msgs-bigint.json' cannot be read: Exceeds the limit"),
+        Case(("generate", "--messages", "loop-a"), "Too many levels of symbolic links"),
         Case((*G, "--draft", "missing"), "'missing'"),
         Case((*G, "--draft", "afile.txt"), "afile.txt"),
         Case((*G, "--draft", "emptydir"), "emptydir"),
@@ -153,6 +163,8 @@ CASES = {
         Case(("init-draft", *T, "--out", "afile.txt"), "afile.txt' exists and is not a directory"),
         Case(("init-draft", *T, "--out", "draft"), "--force"),
         Case(("init-draft", *T, "--out", "afile.txt/sub"), "'afile.txt' is a file"),
+        Case(("init-draft", *T, "--out", "loop-a"), "'loop-a' is a symbolic link that leads nowhere"),
+        Case(("init-draft", *T, "--out", "loop-a/sub"), "'loop-a' is a symbolic link that leads nowhere"),
         Case(("init-draft", "--target", "nosuch", "--out", "new"), "unknown target 'nosuch'"),
         Case(("init-draft", "--target", "target-junk", "--out", "new"), "target-junk"),
         Case(("init-draft", *T, "--out", "new"), "interrupted", 130, _interrupt("dflash2.tensorfiles:save_file")),
@@ -174,6 +186,8 @@ CASES = {
         Case(("train", "bad.yaml"), "bad.yaml' is not valid YAML"),
         Case(("train", "nonutf8.yaml"), "nonutf8.yaml' is not UTF-8"),
         Case(("train", "list.yaml"), "list.yaml' must be a YAML mapping"),
+        Case(("train", "empty.txt"), "'data.train' must list at least one shard directory"),   # before the target opens
+        Case(("train", "train.yaml", "data.train=[]"), "'data.train' must list at least one shard directory"),
         Case(("train", "project"), "project' is not a file"),
         Case(("train", "train.yaml", "--steps", "5"), "--steps"),
         Case(("train", "train.yaml", "optim.lr=abc"), "'optim.lr'"),
@@ -268,6 +282,10 @@ CASES = {
         Case(("export", "draft", "--out", "new"), "--to"),
         Case(("export", "draft", "--to", "dflash2", "--out", "project"), "--force"),
         Case(("export", "draft", "--to", "dflash2", "--out", "afile.txt"), "afile.txt"),
+        Case(("export", "draft", "--to", "dflash2", "--out", "loop-a"), "'loop-a' is a symbolic link that leads nowhere"),
+        Case(("regenerate", "--out", "loop-a", "--num-prompts", "2"), "'loop-a' is a symbolic link that leads nowhere"),
+        Case(("bench", "--tiny", "--num-prompts", "1", "--output", "loop-a"), "'loop-a' is a symbolic link that"),
+        Case(("train", "train.yaml", "train.output_dir=loop-a"), "'loop-a' is a symbolic link that leads nowhere"),
         Case(("export", "draft", "--to", "dflash2", "--out", "new", "--measure-prompts", "-1"), "--measure-prompts"),
         Case(("export", "draft-badtype", "--to", "dflash2", "--out", "new"), "'dflash_config.selector_rank'"),
         Case(("export", "draft-nan", "--to", "dflash2", "--out", "new", "--dtype", "float32"), NAN_TENSOR),

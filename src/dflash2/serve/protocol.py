@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from dflash2.userjson import lone_surrogate
+
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
           500: "server_error", 503: "server_error"}
@@ -84,20 +86,10 @@ def parse_json(raw: bytes) -> dict:
 def _check_text(body: dict) -> None:
     """Refuse strings that are not Unicode text: JSON may escape a lone surrogate ("\\ud800"), which
     no tokenizer can encode and no response can carry."""
-    stack: list = [body]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            stack.extend(value.keys())
-            stack.extend(value.values())
-        elif isinstance(value, list):
-            stack.extend(value)
-        elif isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as err:
-                raise bad_request(f"The request holds a string that is not valid Unicode text (a lone surrogate "
-                                  f"{value[err.start]!a} at character {err.start}).", code="invalid_json") from None
+    found = lone_surrogate(body)
+    if found is not None:
+        raise bad_request(f"The request holds a string that is not valid Unicode text (a lone surrogate "
+                          f"{found[0]!a} at character {found[1]}).", code="invalid_json")
 
 
 # --- fields -----------------------------------------------------------------------------------

@@ -103,6 +103,7 @@ def _refuse_other_target(where: str, recorded: dict, target: str, differs: list[
 
 
 def check_inputs(cfg: TrainConfig) -> None:
+    require(bool(cfg.data.train), "config key 'data.train' must list at least one shard directory")
     made_by = {}
     for key, dirs in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
         seen: dict[Path, str] = {}
