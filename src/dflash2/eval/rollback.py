@@ -8,7 +8,10 @@ different positions). Reported medians, milliseconds: the verify step with per-p
 roll-back would need), `keep` in all, the recurrent layers' part of it, and a plain one-token step.
 `rollback share` = (recurrent keep + capture overhead) / (verify + keep): the share of a cycle's
 target work that the roll-back adds (the draft's pass, absent here, only makes a real cycle longer,
-so the share of a whole cycle is smaller). Prints a markdown table; `--json` writes the rows.
+so the share of a whole cycle is smaller). `verify / plain` = verify (capture) / plain step: what a
+verify pass costs in one-token steps. An attention-only target runs too (nothing to capture or roll
+back: its verify / plain ratio is the one to set beside a hybrid's of similar size). Prints a markdown
+table naming which kernels were importable; `--json` writes the rows.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ class RollbackCost:
     recurrent_keep_ms: float
     plain_step_ms: float
     rollback_share: float
+    verify_over_plain: float
 
 
 def _timed(fn) -> float:
@@ -51,8 +55,10 @@ def measure(adapter, prompts: list[list[int]], block: int, repeats: int, seed: i
     for _ in range(repeats + 1):                                   # the first round warms up
         ids = torch.randint(100, 1000, (b, block), generator=g).to(adapter.device)
         counts = torch.randint(1, block + 1, (b,), generator=g).to(adapter.device)
-        no_capture = _timed(lambda: _step_without_capture(adapter, ids))
-        adapter.keep(torch.full((b,), block, device=adapter.device), block)      # nothing captured: all kept
+        no_capture = float("nan")
+        if adapter.recurrent:                                      # attention only: nothing to capture
+            no_capture = _timed(lambda: _step_without_capture(adapter, ids))
+            adapter.keep(torch.full((b,), block, device=adapter.device), block)  # nothing captured: all kept
         verify = _timed(lambda: adapter.step(ids))
         timers = []
         layers = list(adapter.recurrent)
@@ -63,9 +69,10 @@ def measure(adapter, prompts: list[list[int]], block: int, repeats: int, seed: i
                            ("recurrent", sum(timers))):
             samples[key].append(value)
     med = {k: statistics.median(v[1:]) for k, v in samples.items()}
-    added = med["recurrent"] + max(med["verify"] - med["no_capture"], 0.0)
+    capture = med["verify"] - med["no_capture"] if adapter.recurrent else 0.0
+    added = med["recurrent"] + max(capture, 0.0)
     return RollbackCost(b, block, med["verify"], med["no_capture"], med["keep"], med["recurrent"], med["plain"],
-                        added / (med["verify"] + med["keep"]))
+                        added / (med["verify"] + med["keep"]), med["verify"] / med["plain"])
 
 
 def _step_without_capture(adapter, ids) -> None:
@@ -90,16 +97,18 @@ def _keep_timing(adapter, layers, counts, block, timers) -> None:
 
 def render(rows: list[RollbackCost], header: str) -> str:
     lines = [header, "", "| batch | block | verify (capture) | verify (no capture) | keep | recurrent keep | plain step "
-             "| rollback share |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| rollback share | verify / plain |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r.batch} | {r.block} | {r.verify_ms:.1f} | {r.verify_no_capture_ms:.1f} | {r.keep_ms:.2f} | "
-                     f"{r.recurrent_keep_ms:.2f} | {r.plain_step_ms:.1f} | {100 * r.rollback_share:.1f} % |")
+                     f"{r.recurrent_keep_ms:.2f} | {r.plain_step_ms:.1f} | {100 * r.rollback_share:.1f} % | "
+                     f"{r.verify_over_plain:.2f} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dflash2.eval.rollback", description=__doc__.splitlines()[0])
-    parser.add_argument("--target", required=True, help="a hybrid target: local HF dir or built-in name")
+    parser.add_argument("--target", required=True, help="local HF dir or built-in name (a hybrid, or attention-only "
+                                                        "for its verify / plain ratio)")
     parser.add_argument("--batch", default="1,8")
     parser.add_argument("--block", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=64)
@@ -115,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     adapter = load_decoder(args.target, None, args.device, args.dtype, speculate="never").decoder.target
-    require(adapter.hybrid, f"target '{args.target}' has no recurrent layers: nothing to roll back")
     g = torch.Generator().manual_seed(1)
     rows = []
     for b in batches:
@@ -124,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(measure(adapter, prompts, args.block, args.repeats))
         adapter.reset()
     kernels = ", ".join(f"{name} {'importable' if ok else 'not importable'}" for name, ok in recurrent.fast_kernels().items())
-    print(render(rows, f"Roll-back cost: {args.target} [{args.dtype}, {args.device}, {kernels}], ms (medians of "
+    kind = "hybrid" if adapter.hybrid else "attention only"
+    print(render(rows, f"Roll-back cost: {args.target} ({kind}) [{args.dtype}, {args.device}, {kernels}], ms (medians of "
                        f"{args.repeats})"))
     if args.json:
         with open(args.json, "w") as handle:
