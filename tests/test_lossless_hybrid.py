@@ -12,11 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
 
 from conftest import TEST_DEVICE, OracleDecoder, OracleProposer, with_speculation
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.proposer import Proposal
-from dflash2.decoding.recurrent import RecurrentLayer
+from dflash2.decoding.recurrent import RecurrentLayer, delta_rule_block
 from dflash2.decoding.verifier import TargetAdapter
 from dflash2.errors import DFlash2Error
 from dflash2.targets.tiny import HYBRID_FAMILIES, tiny_config, tiny_draft, tiny_target
@@ -106,6 +107,25 @@ def test_rows_rolled_back_to_every_block_position(hybrids, family, block_size):
     assert decoder.oracle.chosen == set(range(block_size))
     committed = {n for r in results for n in r.stats.committed_per_cycle[:-1]}     # the last cycle may be cut
     assert set(range(1, block_size)) <= committed        # n < block - 1 accepted: rolled back after n + 1
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_batch_of_32_matches_hf_generate(hybrids, family):
+    """32 rows in one batch (prompts of 1 to 8 tokens, 8 new tokens, block 4): an oracle draft makes row r
+    accept (r + cycle) % 4 drafts, so in every cycle the rows roll back to different positions; on
+    qwen3_5 the random tiny draft too."""
+    target, draft, _, _ = hybrids[family]
+    g = torch.Generator().manual_seed(32)
+    prompts = [torch.randint(3, 127, (int(n),), generator=g).tolist() for n in torch.randint(1, 9, (32,), generator=g)]
+    expected = [hf_greedy(target, p, 8) for p in prompts]
+    config = GenerationConfig(max_new_tokens=8)
+    decoder = ChosenCountDecoder(TargetAdapter(target), prompts, expected, 4)
+    results = decoder.generate(prompts, config)
+    assert [r.tokens for r in results] == expected
+    assert {r.stats.committed_per_cycle[0] for r in results} == {1, 2, 3, 4}     # first cycle: 0..3 drafts kept
+    if family == "qwen3_5":
+        drafted = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft, speculate="always")
+        assert [r.tokens for r in drafted.generate(prompts, GenerationConfig(max_new_tokens=8, block_size=4))] == expected
 
 
 @pytest.mark.parametrize("family", HYBRID_FAMILIES)
@@ -200,6 +220,34 @@ def test_a_rolled_back_state_is_the_accepted_prefix_state(hybrids):
         alone.keep(torch.tensor([n]), n)
         for got, want in zip(recurrent_state(batch, r), recurrent_state(alone, 0), strict=True):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_one_block_delta_rule_equals_the_token_by_token_rule(grouped):
+    """`delta_rule_block` against transformers' recurrent (one token at a time) rule: the outputs of a
+    block of 8, and the state after each n = 0..8 of its tokens rebuilt per row from the trail."""
+    g = torch.Generator().manual_seed(3)
+    b, q, heads, k_heads, k_dim, v_dim = 3, 8, 4, 2 if grouped else 4, 16, 8
+    query, key = (torch.randn(b, q, k_heads, k_dim, generator=g) for _ in range(2))
+    value = torch.randn(b, q, heads, v_dim, generator=g)
+    decay, beta = -torch.rand(b, q, heads, generator=g), torch.rand(b, q, heads, generator=g)
+    state = torch.randn(b, heads, k_dim, v_dim, generator=g)
+    out, trail = delta_rule_block(query, key, value, decay, beta, state, True)
+
+    def reference(n, rows=slice(None)):
+        return torch_recurrent_gated_delta_rule(query[rows, :n], key[rows, :n], value[rows, :n], decay[rows, :n],
+                                                beta[rows, :n], initial_state=state[rows], output_final_state=True,
+                                                use_qk_l2norm_in_kernel=True)
+
+    want_out, want_final = reference(q)
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(trail.state_after(torch.full((b,), q)), want_final, atol=1e-5, rtol=1e-5)
+    for n in range(q + 1):
+        counts = torch.tensor([n, (n + 3) % (q + 1), q - n])
+        rebuilt = trail.state_after(counts)
+        for r, count in enumerate(counts.tolist()):
+            want = reference(count, slice(r, r + 1))[1][0] if count else state[r]
+            torch.testing.assert_close(rebuilt[r], want, atol=1e-5, rtol=1e-5)
 
 
 def test_text_part_of_the_multimodal_model(hybrids):

@@ -119,7 +119,7 @@ class _CapturingRule:
                                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
         out, trail = delta_rule_block(query, key, value, g, beta, initial_state, use_qk_l2norm_in_kernel)
         capture.trail = trail
-        return out, trail.final
+        return out, trail.start              # the layer's state stays the start one until `keep` rebuilds it
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
@@ -136,27 +136,33 @@ class DeltaTrail:
     keys: torch.Tensor          # [b, H, q, K] (normalised)
     deltas: torch.Tensor        # [b, H, q, V]
     log_decay: torch.Tensor     # [b, H, q] G_t = g_0 + .. + g_t
-    final: torch.Tensor         # [b, H, K, V] the state after all q
 
-    def state_after(self, counts: torch.Tensor) -> torch.Tensor:
-        """counts [b] (0..q) -> each row's state after its first counts[r] tokens [b, H, K, V]: one pass
-        over the start state and one rank-q update per row."""
+    def state_after(self, counts: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """counts [b] (0..q) -> each row's state after its first counts[r] tokens [b, H, K, V]: a decayed
+        copy of the start state plus one rank-q update per row, written into `out` when given (a buffer
+        of the start's shape and dtype: a fresh one of that size costs more than the arithmetic, since
+        its pages are new to the process)."""
         n = counts.to(self.log_decay.device).view(-1, 1, 1)                                  # [b, 1, 1]
         heads = self.log_decay.shape[1]
         last = self.log_decay.gather(2, (n - 1).clamp(min=0).expand(-1, heads, 1))          # [b, H, 1] G_{n-1}
         last = torch.where(n > 0, last, torch.zeros_like(last))
         position = torch.arange(self.log_decay.shape[2], device=n.device)                    # [q]
         weight = (last - self.log_decay).masked_fill(position >= n, float("-inf")).exp()     # [b, H, q], 0 past n
-        update = (self.keys * weight[..., None]).transpose(-1, -2) @ self.deltas             # [b, H, K, V]
-        return torch.addcmul(update, last.exp()[..., None], self.start)
+        keys = (self.keys * weight[..., None]).transpose(-1, -2)                              # [b, H, K, q]
+        decayed = last.exp()[..., None]                                                       # [b, H, 1, 1]
+        state = torch.mul(self.start, decayed, out=out) if out is not None else self.start * decayed
+        k_dim, v_dim = state.shape[-2:]
+        state.view(-1, k_dim, v_dim).baddbmm_(keys.reshape(-1, k_dim, keys.shape[-1]),
+                                             self.deltas.reshape(-1, keys.shape[-1], v_dim))   # + k^T delta
+        return state
 
 
 def delta_rule_block(query, key, value, g, beta, state, l2norm: bool) -> tuple[torch.Tensor, DeltaTrail]:
     """The gated delta rule over one block of q tokens, solved at once (one chunk, no padding).
     query/key [b, q, Hk, K], value [b, q, H, V], g/beta [b, q, H], state [b, H, K, V] -> (output
-    [b, q, H, V] in value's dtype, the step's `DeltaTrail`). Reads the start state twice in all (once for
-    every position's read of it, once for the final state), where a token-by-token loop reads and writes
-    it about three times per token."""
+    [b, q, H, V] in value's dtype, the step's `DeltaTrail`). Reads the start state once (every position's
+    read of it in one product) and writes no state: `keep` builds the one each row keeps. A token-by-token
+    loop would read and write the state about three times per token."""
     heads, dtype = value.shape[2], value.dtype
     if key.shape[2] != heads:  # grouped values: each q/k head serves heads // Hk value heads
         query, key = (x.repeat_interleave(heads // key.shape[2], dim=2) for x in (query, key))
@@ -177,9 +183,7 @@ def delta_rule_block(query, key, value, g, beta, state, l2norm: bool) -> tuple[t
     deltas = torch.linalg.solve_triangular(system, beta[..., None] * (value - scale * key_read), upper=False,
                                            unitriangular=True)                               # [b, H, q, V]
     out = scale * query_read + ((query @ key.transpose(-1, -2)) * pair) @ deltas             # o_t = q_t S_t
-    trail = DeltaTrail(start, key, deltas, decay, start)
-    trail.final = trail.state_after(torch.full((value.shape[0],), steps, device=value.device))
-    return out.transpose(1, 2).to(dtype), trail
+    return out.transpose(1, 2).to(dtype), DeltaTrail(start, key, deltas, decay)
 
 
 # ---------------------------------------------------------------------------------------------- the cache layer
@@ -192,6 +196,7 @@ class RecurrentLayer(LinearAttentionLayer):
         self.trails: dict[int, DeltaTrail] = {}             # state -> what the last step's delta rule left
         self.before: dict[int, torch.Tensor] = {}           # state -> [b, H, K, V] before the last step
         self.conv_before: dict[int, torch.Tensor] = {}      # state -> [b, C, K] before a one-token step
+        self.spare: dict[int, torch.Tensor] = {}            # state -> a free buffer for `keep` to rebuild into
 
     def activate_past_recording(self) -> None:  # roll-back is `keep`'s; HF's fast one-token path stays on
         pass
@@ -229,6 +234,9 @@ class RecurrentLayer(LinearAttentionLayer):
         conv window in place, so that one is copied: [b, C, K]; the torch rules replace the recurrent
         state rather than write it, so a reference suffices, unless flash-linear-attention's kernel,
         which may write it in place, runs the one-token step)."""
+        for i, trail in self.trails.items():                # a step left without `keep`: it kept every token
+            with torch.inference_mode():
+                self.recurrent_states[i] = trail.state_after(torch.full((trail.keys.shape[0],), trail.keys.shape[2]))
         self.windows, self.trails = {}, {}
         copy = q == 1 and fast_kernels()["fla"]
         self.before = {i: t.clone() if copy else t for i, t in self.recurrent_states.items() if t is not None}
@@ -246,12 +254,15 @@ class RecurrentLayer(LinearAttentionLayer):
         same = all(n == rows[0] for n in rows)
         for i, before in self.before.items():
             trail = self.trails.get(i)
-            steps = trail.keys.shape[2] if trail is not None else 1
-            if same and rows[0] in (0, steps):                  # every row kept none or all: no rebuild
-                self.recurrent_states[i] = before if rows[0] == 0 else self.recurrent_states[i]
-            elif trail is not None:
-                self.recurrent_states[i] = trail.state_after(counts)
-            else:                                               # a one-token step: 0 or 1 kept per row
+            if same and rows[0] == 0:                           # every row kept none
+                self.recurrent_states[i] = before
+            elif trail is not None:                             # rebuilt into the spare buffer; the start is freed
+                spare = self.spare.get(i)
+                fits = spare is not None and spare.shape == trail.start.shape and spare.dtype == trail.start.dtype
+                with torch.inference_mode():                    # the buffers are the verify pass's tensors
+                    self.recurrent_states[i] = trail.state_after(counts, spare if fits else None)
+                self.spare[i] = trail.start
+            elif not same:                                      # a one-token step, 0 or 1 kept per row
                 self.recurrent_states[i] = torch.where(counts[:, None, None, None] > 0, self.recurrent_states[i],
                                                        before)
         self.windows, self.trails, self.before, self.conv_before = {}, {}, {}, {}
