@@ -30,6 +30,8 @@ from dflash2.pipeline import load_decoder
 
 @dataclass
 class RollbackCost:
+    target: str
+    kind: str                   # "hybrid" or "attention only"
     batch: int
     block: int
     verify_ms: float            # step of `block` tokens, capturing each position's state
@@ -47,7 +49,7 @@ def _timed(fn) -> float:
     return 1000 * (time.perf_counter() - start)
 
 
-def measure(adapter, prompts: list[list[int]], block: int, repeats: int, seed: int = 0) -> RollbackCost:
+def measure(adapter, name: str, prompts: list[list[int]], block: int, repeats: int, seed: int = 0) -> RollbackCost:
     b = len(prompts)
     g = torch.Generator().manual_seed(seed)
     adapter.prefill(prompts)
@@ -71,7 +73,8 @@ def measure(adapter, prompts: list[list[int]], block: int, repeats: int, seed: i
     med = {k: statistics.median(v[1:]) for k, v in samples.items()}
     capture = med["verify"] - med["no_capture"] if adapter.recurrent else 0.0
     added = med["recurrent"] + max(capture, 0.0)
-    return RollbackCost(b, block, med["verify"], med["no_capture"], med["keep"], med["recurrent"], med["plain"],
+    kind = "hybrid" if adapter.hybrid else "attention only"
+    return RollbackCost(name, kind, b, block, med["verify"], med["no_capture"], med["keep"], med["recurrent"], med["plain"],
                         added / (med["verify"] + med["keep"]), med["verify"] / med["plain"])
 
 
@@ -96,10 +99,10 @@ def _keep_timing(adapter, layers, counts, block, timers) -> None:
 
 
 def render(rows: list[RollbackCost], header: str) -> str:
-    lines = [header, "", "| batch | block | verify (capture) | verify (no capture) | keep | recurrent keep | plain step "
-             "| rollback share | verify / plain |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [header, "", "| target | batch | block | verify (capture) | verify (no capture) | keep | recurrent keep "
+             "| plain step | rollback share | verify / plain |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r.batch} | {r.block} | {r.verify_ms:.1f} | {r.verify_no_capture_ms:.1f} | {r.keep_ms:.2f} | "
+        lines.append(f"| {r.target} ({r.kind}) | {r.batch} | {r.block} | {r.verify_ms:.1f} | {r.verify_no_capture_ms:.1f} | {r.keep_ms:.2f} | "
                      f"{r.recurrent_keep_ms:.2f} | {r.plain_step_ms:.1f} | {100 * r.rollback_share:.1f} % | "
                      f"{r.verify_over_plain:.2f} |")
     return "\n".join(lines)
@@ -107,8 +110,8 @@ def render(rows: list[RollbackCost], header: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dflash2.eval.rollback", description=__doc__.splitlines()[0])
-    parser.add_argument("--target", required=True, help="local HF dir or built-in name (a hybrid, or attention-only "
-                                                        "for its verify / plain ratio)")
+    parser.add_argument("--target", required=True, help="local HF dirs or built-in names, comma-separated (hybrids, "
+                        "or attention-only targets for their verify / plain ratio); each batch size runs on each in turn")
     parser.add_argument("--batch", default="1,8")
     parser.add_argument("--block", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=64)
@@ -123,18 +126,18 @@ def main(argv: list[str] | None = None) -> int:
     require(args.block >= 2 and args.repeats >= 1, "--block must be >= 2 and --repeats >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    adapter = load_decoder(args.target, None, args.device, args.dtype, speculate="never").decoder.target
+    targets = [t.strip() for t in args.target.split(",") if t.strip()]
+    adapters = {t: load_decoder(t, None, args.device, args.dtype, speculate="never").decoder.target for t in targets}
     g = torch.Generator().manual_seed(1)
     rows = []
     for b in batches:
         lengths = torch.randint(args.prompt_tokens // 2, args.prompt_tokens + 1, (b,), generator=g).tolist()
         prompts = [torch.randint(100, 1000, (n,), generator=g).tolist() for n in lengths]
-        rows.append(measure(adapter, prompts, args.block, args.repeats))
-        adapter.reset()
+        for name, adapter in adapters.items():                   # the same prompts, one target after the other
+            rows.append(measure(adapter, name, prompts, args.block, args.repeats))
+            adapter.reset()
     kernels = ", ".join(f"{name} {'importable' if ok else 'not importable'}" for name, ok in recurrent.fast_kernels().items())
-    kind = "hybrid" if adapter.hybrid else "attention only"
-    print(render(rows, f"Roll-back cost: {args.target} ({kind}) [{args.dtype}, {args.device}, {kernels}], ms (medians of "
-                       f"{args.repeats})"))
+    print(render(rows, f"Roll-back cost [{args.dtype}, {args.device}, {kernels}], ms (medians of {args.repeats})"))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump([asdict(r) for r in rows], handle, indent=2)
