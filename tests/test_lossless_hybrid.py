@@ -109,7 +109,7 @@ def test_rows_rolled_back_to_every_block_position(hybrids, family, block_size):
     assert set(range(1, block_size)) <= committed        # n < block - 1 accepted: rolled back after n + 1
 
 
-@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+@pytest.mark.parametrize("family", HYBRID_FAMILIES + ("lfm2_moe",))
 def test_batch_of_32_matches_hf_generate(hybrids, family):
     """32 rows in one batch (prompts of 1 to 8 tokens, 8 new tokens, block 4): an oracle draft makes row r
     accept (r + cycle) % 4 drafts, so in every cycle the rows roll back to different positions; on
@@ -178,7 +178,7 @@ def recurrent_state(adapter: TargetAdapter, row: int) -> list[torch.Tensor]:
     return states
 
 
-@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+@pytest.mark.parametrize("family", HYBRID_FAMILIES + ("lfm2_moe",))
 @pytest.mark.parametrize("q", [1, 6])
 def test_kept_state_equals_feeding_only_the_accepted_tokens(hybrids, family, q):
     """One step of q tokens on a batch of three prompts of different lengths, then each row keeps a
