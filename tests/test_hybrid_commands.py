@@ -24,6 +24,7 @@ from dflash2.model.draft import DFlash2DraftModel
 from dflash2.targets.tiny import tiny_target
 from matrix_util import tiny_tokenizer, train_config, write_shards
 from test_export import _tokenizer_gguf
+from test_lossless_hybrid import hf_greedy
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +50,6 @@ def draft(workplace):
 
 def last_json(capsys) -> dict:
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-
-
-def hf_greedy(target, ids: list[int], new_tokens: int, eos=None) -> list[int]:
-    prompt = torch.tensor([ids])
-    out = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
-                          min_new_tokens=1 if eos else new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
-    return out[0, len(ids):].tolist()
 
 
 def test_init_draft_and_generate_compare(workplace, draft, capsys):

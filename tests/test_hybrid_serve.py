@@ -16,6 +16,7 @@ from dflash2.targets.chat import encode_messages
 from dflash2.targets.tiny import tiny_target
 from matrix_util import tiny_tokenizer
 from serve_util import API_KEY, LiveServer
+from test_lossless_hybrid import hf_greedy
 
 
 @pytest.fixture(scope="module")
@@ -26,18 +27,10 @@ def live(tmp_path_factory):
     tiny_tokenizer().save_pretrained(root / "target")
     assert main(["init-draft", "--target", str(root / "target"), "--out", str(root / "draft"), "--layers", "1"]) == 0
     pipeline = load_decoder(str(root / "target"), str(root / "draft"), "cpu", "float32", speculate="always")
-    assert pipeline.decoder.target.hybrid and pipeline.stop_token_ids == (2,)
+    assert pipeline.decoder.target.hybrid and pipeline.stop_token_ids == (STOP,)
     server = LiveServer(pipeline, api_key=API_KEY, max_batch=8, max_queue=32)
     yield server, target
     server.close()
-
-
-def hf_greedy(target, ids: list[int], new_tokens: int) -> list[int]:
-    """The target's greedy continuation, up to and with its end-of-sequence token (the server's stop)."""
-    prompt = torch.tensor([ids])
-    out = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
-                          do_sample=False, eos_token_id=2, pad_token_id=0)
-    return out[0, len(ids):].tolist()
 
 
 def client(server) -> openai.OpenAI:
@@ -45,13 +38,14 @@ def client(server) -> openai.OpenAI:
 
 
 TOKEN_IDS = {"return_token_ids": True}
+STOP = 2                                                           # the tokenizer's end of sequence: the server stops there
 
 
 def test_completions_and_chat_equal_the_targets_greedy_decoding(live):
     server, target = live
     api = client(server)
     prompt = [1, 7, 12, 30, 9, 22, 5]
-    want = hf_greedy(target, prompt, 16)
+    want = hf_greedy(target, prompt, 16, eos=STOP)
     done = api.completions.create(model=server.model, prompt=prompt, max_tokens=16, extra_body=TOKEN_IDS)
     assert done.choices[0].token_ids == want
     streamed = list(api.completions.create(model=server.model, prompt=prompt, max_tokens=16, stream=True,
@@ -59,7 +53,7 @@ def test_completions_and_chat_equal_the_targets_greedy_decoding(live):
     assert [t for c in streamed for t in (c.choices[0].token_ids or [])] == want
 
     messages = [{"role": "user", "content": "hello there"}]
-    want = hf_greedy(target, encode_messages(server.pipeline.tokenizer, messages), 12)
+    want = hf_greedy(target, encode_messages(server.pipeline.tokenizer, messages), 12, eos=STOP)
     reply = api.chat.completions.create(model=server.model, messages=messages, max_tokens=12, extra_body=TOKEN_IDS)
     assert reply.choices[0].token_ids == want
 
@@ -70,7 +64,7 @@ def test_concurrent_clients_share_the_batch_losslessly(live):
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(4, 31, (int(n),), generator=g).tolist() for n in torch.randint(2, 12, (8,), generator=g)]
     lengths = [6 + (3 * i) % 11 for i in range(8)]                # rows leave the batch at different cycles
-    want = [hf_greedy(target, p, n) for p, n in zip(prompts, lengths)]
+    want = [hf_greedy(target, p, n, eos=STOP) for p, n in zip(prompts, lengths)]
 
     def ask(i):
         return api.completions.create(model=server.model, prompt=prompts[i], max_tokens=lengths[i],

@@ -44,10 +44,11 @@ def hybrids():
     return Hybrids()
 
 
-def hf_greedy(target, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
+def hf_greedy(target, prompt: list[int], new_tokens: int = NEW_TOKENS, eos=None) -> list[int]:
+    """The target's greedy continuation (with `eos`: up to and with the first of those ids)."""
     ids = torch.tensor([prompt], device=target.device)
     gen = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                          min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+                          min_new_tokens=1 if eos else new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
     return gen[0, len(prompt):].tolist()
 
 
