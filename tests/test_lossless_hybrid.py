@@ -202,6 +202,23 @@ def test_kept_state_equals_feeding_only_the_accepted_tokens(hybrids, family, q):
         torch.testing.assert_close(batch_logits[r], logits[0], atol=1e-4, rtol=1e-4)
 
 
+def test_a_step_no_keep_followed_counts_as_all_kept(hybrids):
+    """A recurrent layer that begins a new step with the last one's trail still pending (no `keep`)
+    takes the state after all of its tokens, as `keep` of every token gives."""
+    target, _, prompts, _ = hybrids["qwen3_5"]
+    tokens = torch.randint(3, 127, (2, 5), generator=torch.Generator().manual_seed(4)).to(target.device)
+    kept, pending = TargetAdapter(target), TargetAdapter(target)
+    for adapter in (kept, pending):
+        adapter.prefill([prompts[5], prompts[6]])
+        adapter.step(tokens)
+    kept.keep(torch.tensor([5, 5]), 5)
+    for layer in pending.recurrent:
+        layer.begin_step(1)
+    for row in range(2):
+        for got, want in zip(recurrent_state(pending, row), recurrent_state(kept, row), strict=True):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
 def test_a_rolled_back_state_is_the_accepted_prefix_state(hybrids):
     """The states themselves (not only the logits), on the qwen3_5 tiny target: batch step of 6, keep
     (1, 4); each row's state equals a lone adapter's that stepped the same kept tokens."""

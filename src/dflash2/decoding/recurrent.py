@@ -16,8 +16,9 @@ Contract:
   per-position corrections (deltas) and cumulative decays, from which the state after any n <= q tokens
   is one rank-n update of the start state. Each conv layer keeps its whole input window [b, C, K + q]
   (K = kernel width). `keep(layers, counts)` then sets row r's state to the one after its counts[r]-th
-  token (counts >= 1): one rebuild (or a reference, when every row kept all or none), no second
-  forward pass over the accepted tokens. Capture, not replay (re-running the accepted tokens from the
+  token (counts >= 1): one rebuild (a reference when every row kept none), written into a buffer
+  reused from the cycle before (the state it replaces), no second forward pass over the accepted
+  tokens; a step that no `keep` followed counts as all kept. Capture, not replay (re-running the accepted tokens from the
   pre-step state): the deltas are what the verify pass computes anyway, so keeping them costs q
   vectors per head and the roll-back one pass over each row's state; and not the q states themselves
   (a token-by-token loop that keeps each position's state reads and writes the [H, K, V] state about
