@@ -1,7 +1,7 @@
 """The draft workflow on a hybrid target directory (a tiny random Qwen3.5 saved with save_pretrained and a
 character tokenizer): init-draft, generate --compare, regenerate (with the draft: the target's greedy
 output), train (features tapped at linear-attention and attention layers alike), yardstick, bench,
-analyze and export in all three forms (dflash2, dflash-v1, gguf; the dflash2 export decodes the target
+analyze, the roll-back cost measurement and export in all three forms (dflash2, dflash-v1, gguf; the dflash2 export decodes the target
 losslessly) run; a draft config in the shape of the published Qwen3.5 / Qwen3.8 drafts (block 16, five
 taps at [5, 19, 33, 47, 61] of a 64-layer target, mask token 248070 of a 248,320-token vocabulary, the
 target's head_dim and rope theta) loads and decodes a 64-layer tiny Qwen3.5 of that vocabulary."""
@@ -19,6 +19,7 @@ from dflash2.cli import main
 from dflash2.data.shards import load_manifest, read_records
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.verifier import TargetAdapter
+from dflash2.eval import rollback
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.targets.tiny import tiny_target
@@ -113,6 +114,17 @@ def test_train_yardstick_bench_export(workplace, capsys, monkeypatch):
     reader = GGUFReader(str(workplace / "export-gguf" / "draft.gguf"))
     assert reader.fields["tokenizer.ggml.mask_token_id"].contents() == exported.config.mask_token_id
     assert len(reader.tensors) == len(exported.state_dict())
+
+
+def test_rollback_cost_runs_on_the_hybrid(workplace, capsys):
+    """`python -m dflash2.eval.rollback`: one row per batch size, the target named as a hybrid."""
+    out = workplace / "rollback.json"
+    assert rollback.main(["--target", str(workplace / "target"), "--batch", "1,2", "--block", "4", "--repeats", "1",
+                          "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["kind"], r["batch"], r["block"]) for r in rows] == [("hybrid", 1, 4), ("hybrid", 2, 4)]
+    assert all(0.0 <= r["rollback_share"] < 1.0 and r["verify_over_plain"] > 0 for r in rows)
+    assert "(hybrid)" in capsys.readouterr().out
 
 
 def test_published_qwen35_draft_shape_loads_and_decodes():

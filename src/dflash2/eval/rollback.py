@@ -55,7 +55,7 @@ def measure(adapter, name: str, prompts: list[list[int]], block: int, repeats: i
     adapter.prefill(prompts)
     samples: dict[str, list[float]] = {k: [] for k in ("verify", "plain", "no_capture", "keep", "recurrent")}
     for _ in range(repeats + 1):                                   # the first round warms up
-        ids = torch.randint(100, 1000, (b, block), generator=g).to(adapter.device)
+        ids = torch.randint(3, min(1000, adapter.vocab_size), (b, block), generator=g).to(adapter.device)
         counts = torch.randint(1, block + 1, (b,), generator=g).to(adapter.device)
         no_capture = float("nan")
         if adapter.recurrent:                                      # attention only: nothing to capture
@@ -129,10 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     targets = [t.strip() for t in args.target.split(",") if t.strip()]
     adapters = {t: load_decoder(t, None, args.device, args.dtype, speculate="never").decoder.target for t in targets}
     g = torch.Generator().manual_seed(1)
+    high = min(1000, *(a.vocab_size for a in adapters.values()))       # token ids every target has
     rows = []
     for b in batches:
         lengths = torch.randint(args.prompt_tokens // 2, args.prompt_tokens + 1, (b,), generator=g).tolist()
-        prompts = [torch.randint(100, 1000, (n,), generator=g).tolist() for n in lengths]
+        prompts = [torch.randint(3, high, (n,), generator=g).tolist() for n in lengths]
         for name, adapter in adapters.items():                   # the same prompts, one target after the other
             rows.append(measure(adapter, name, prompts, args.block, args.repeats))
             adapter.reset()
