@@ -215,6 +215,7 @@ def _report(pipe, result) -> dict:
         "position_acceptance": stats["position_acceptance"], "phase_seconds": timing.phase_seconds,
         "speculate": pipe.decoder.speculate, "draft": pipe.draft_description, "proposer": pipe.decoder.proposer,
         "cycles_by_source": stats["cycles_by_source"], "accepted_by_source": stats["accepted_by_source"],
+        "tree_cycles": stats["tree_cycles"], "tree_extra_tokens": stats["tree_extra_tokens"],
     }
 
 
@@ -229,6 +230,9 @@ def _print_report(report: dict) -> None:
         sources = " ".join(f"{k} {report['accepted_by_source'][k]} in {n} cycles"
                            for k, n in report["cycles_by_source"].items())
         print(f"accepted proposed tokens: {sources}")
+    if report["tree_cycles"]:
+        print(f"tree cycles (draft and lookup in one pass): {report['tree_cycles']} "
+              f"({report['tree_extra_tokens']} extra tokens verified)")
     if report["cycles"]:
         lengths = " ".join(f"{k}:{v}" for k, v in report["draft_lengths"].items())
         print(f"drafts verified per cycle: {report['drafts_verified_per_cycle']:.2f} (lengths {lengths})")

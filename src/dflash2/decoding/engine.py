@@ -6,7 +6,10 @@ Contract:
   from: `draft` (the draft model's block), `lookup` (`decoding.lookup`: what followed the row's
   latest tokens in its own prompt and output, and in `suffix_store`'s recent requests when one is
   shared; no draft needed), `hybrid` (both, each row of each cycle verifying the source the policy
-  expects to commit more; every row verifies its own block in the same target pass). `None`:
+  expects to commit more, or both as a token tree (`decoding.tree`: one target pass, a tree
+  attention mask, the losing branch's cache slots holed out) on attention-only targets for greedy
+  rows; every row verifies its own block in the same target pass; sliding-window and hybrid
+  recurrent targets, and sampled rows, verify one path). `None`:
   `draft` with a draft, else no proposer: with neither (or `speculate="never"`) the same loop
   decodes autoregressively, one target step per token: the honest baseline. `speculate` is a
   `policy.SPECULATE_MODES` value: `auto` verifies only as many proposed tokens as pay for
@@ -35,6 +38,7 @@ from typing import Iterator
 import torch
 
 from dflash2.decoding.acceptance import greedy_accept, sample_accept, target_probs
+from dflash2.decoding.block import VerifyBlock
 from dflash2.decoding.calibration import calibrate_cached
 from dflash2.decoding.context import check_context, effective_block_size
 from dflash2.decoding.lookup import Lookup, LookupProposer, SuffixStore
@@ -43,7 +47,7 @@ from dflash2.decoding.proposer import DraftProposer, Proposal
 from dflash2.decoding.sampling import RowSampling
 from dflash2.decoding.stats import BatchTiming, Commit, RowStats
 from dflash2.decoding.timing import CycleTimer, Stopwatch
-from dflash2.decoding.tree import TokenTree, kept_nodes, pack_tree, path_nodes, tree_greedy_accept, tree_nodes
+from dflash2.decoding.tree import kept_nodes, pack_tree, path_nodes, tree_greedy_accept, tree_nodes
 from dflash2.decoding.verifier import TargetAdapter
 from dflash2.errors import require
 from dflash2.model.draft import DFlash2DraftModel
@@ -342,7 +346,7 @@ class DecodeSession:
             shared.append(n if found.tokens else None)
         return shared
 
-    def _assemble(self, choice: Choice, proposal: Proposal | None, lookups: list[Lookup] | None) -> "_Block":
+    def _assemble(self, choice: Choice, proposal: Proposal | None, lookups: list[Lookup] | None) -> VerifyBlock:
         """What each row verifies this cycle: its chosen source's first tokens (a tree: the draft's
         and lookup's branches), capped at the row's own block size."""
         device, b = self.anchors.device, len(self.rows)
@@ -377,7 +381,7 @@ class DecodeSession:
                 if source == "draft":
                     n = int(limits[r])
                     q[r, :n] = proposal.q[r, :n]
-        return _Block(ids, q, limits, branches, sources, verified, tree)
+        return VerifyBlock(ids, q, limits, branches, sources, verified, tree)
 
     def _pick(self, logits: torch.Tensor, sampling: RowSampling, positions: torch.Tensor) -> torch.Tensor:
         """One target token per row from logits [n, V]: argmax, or a sample from the processed p."""
@@ -387,7 +391,7 @@ class DecodeSession:
         p = target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
         return torch.where(sampling.greedy, argmax, sample_from(p, uniforms(sampling.seed, positions, TOKEN)))
 
-    def _accept(self, block: "_Block", logits: torch.Tensor, start: torch.Tensor):
+    def _accept(self, block: VerifyBlock, logits: torch.Tensor, start: torch.Tensor):
         """logits [b, W, V] -> (accepted [b], next token [b], winning branch [b] or None, accepted per
         branch [b, n] or None). Greedy rows of a tree take `tree_greedy_accept`; every other row
         verifies the linear path at nodes 1..limit."""
@@ -460,40 +464,6 @@ class DecodeSession:
         self._pending = [p for p in self._pending if p[0] not in self._cancelled]
         self._retire({id(r) for r in self.rows if r.key in self._cancelled})
         self._cancelled.clear()
-
-
-@dataclass
-class _Block:
-    """What one cycle's target pass verifies: ids [b, W] (the anchor first), q [b, W - 1, V] for
-    sampled rows (None: every q one-hot), the linear path's length per row (limits [b]), per row its
-    branches' tokens and their sources (the first branch at nodes 1..limit), the tokens verified
-    (a tree's nodes) and the tree (None: every row one linear path)."""
-    ids: torch.Tensor
-    q: torch.Tensor | None
-    limits: torch.Tensor
-    branches: list[list[list[int]]]
-    sources: list[tuple[str, ...]]
-    verified: list[int]
-    tree: TokenTree | None = None
-
-    @property
-    def width(self) -> int:
-        return self.ids.shape[1]
-
-    def commit(self, r: int, accepted: int, branch: int, bonus: int) -> Commit:
-        """Row r's commit: the winning branch's first `accepted` tokens and the target's next token."""
-        if not self.branches[r]:
-            return Commit([bonus], 0, 0, "")
-        tokens = self.branches[r][branch]
-        extra = self.verified[r] - max(len(t) for t in self.branches[r]) if len(self.branches[r]) > 1 else None
-        return Commit(tokens[:accepted] + [bonus], accepted, self.verified[r], self.sources[r][branch], extra)
-
-    def branch_accepted(self, per_branch: torch.Tensor | None) -> dict[int, tuple[int, ...]]:
-        """Tree row -> tokens each of its branches had accepted."""
-        if per_branch is None:
-            return {}
-        counts = per_branch.tolist()
-        return {r: tuple(counts[r][:len(row)]) for r, row in enumerate(self.branches) if len(row) > 1}
 
 
 def _truncate(tokens: list[int], so_far: list[int], config: GenerationConfig, stop_ids: frozenset):

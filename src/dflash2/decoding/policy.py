@@ -23,7 +23,11 @@ Contract:
   `optimism` standard deviations, so that they are tried), t_draft only when the draft pass ran,
   and the times from `costs` (`decoding.costs.CostModel`). Plain decoding's rate is
   b / (t_verify(b, 1) + t_host). Rows of one pass may verify different sources and lengths: each
-  row's block is its own. `choose_length(b, confidence, greedy, block, probe)` is `choose` for
+  row's block is its own. A third option per row, when the offer says where the draft's and
+  lookup's tokens stop agreeing (`Offer.shared`: greedy rows of a target that can verify trees),
+  is both as a tree (`tree_options`: the shared prefix once, then both branches; at most one of
+  the two diverging tokens can be accepted): its expected tokens against its width, the nodes
+  it adds to the pass, priced by the same per-token verify cost (k may then exceed block - 1). `choose_length(b, confidence, greedy, block, probe)` is `choose` for
   the draft alone. A sampled row's draft confidence is never seen (`Offer.of`): a choice that
   depends on a random draw biases the output.
 - `worth_drafting(b, offer, block)`: with the lookup offer in hand, before the draft pass, whether
