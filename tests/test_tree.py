@@ -23,7 +23,7 @@ from dflash2.decoding.verifier import TargetAdapter
 from dflash2.targets.tiny import tiny_draft, tiny_target
 from test_lookup import NEW_TOKENS, VOCAB, reference
 
-from conftest import OracleDecoder
+from conftest import OracleDecoder, OracleProposer
 
 
 # ---------------------------------------------------------------------- packing and acceptance
@@ -147,30 +147,24 @@ class TreePolicy(SpeculationPolicy):
         return Choice(max(lengths), 0.0, 0.0, tuple(sources), tuple(lengths), tuple(branches) if tree else ())
 
 
-class PartlyRightProposer:
+class PartlyRightProposer(OracleProposer):
     """Proposes each row's reference continuation, wrong from a random position on (often the first):
-    beside a lookup proposal, sometimes the draft's branch is the right one, sometimes lookup's."""
+    beside a lookup proposal, sometimes the draft's branch is the right one, sometimes lookup's.
+    Rows join in the order their requests were queued on `queue`."""
 
     def __init__(self, queue, vocab_size, seed=0):
-        self.queue, self.vocab_size, self.random = queue, vocab_size, random.Random(seed)
-        self.sequences = []
+        super().__init__([], vocab_size)
+        self.queue, self.random = queue, random.Random(seed)
 
-    def add_rows(self, features, mask):          # rows join in the order their requests were queued
+    def add_rows(self, features, mask):
         self.sequences += [self.queue.pop(0) for _ in range(mask.shape[0])]
 
-    def append(self, features, counts, first_position, defer=False):
-        pass
-
-    def select_rows(self, rows):
-        self.sequences = [self.sequences[int(r)] for r in rows]
-
     def propose(self, anchors, start_positions, block_size, temperature, seeds):
-        tokens = []
-        for seq, start in zip(self.sequences, start_positions.tolist()):
-            right = self.random.choice([0, 0, 1, 2, block_size])
-            row = [seq[p] if p < len(seq) else 0 for p in range(start + 1, start + block_size)]
-            tokens.append([t if i < right else (t + 1 + i) % self.vocab_size for i, t in enumerate(row)])
-        return Proposal(torch.tensor(tokens, dtype=torch.long, device=anchors.device), None)
+        tokens = super().propose(anchors, start_positions, block_size, temperature, seeds).tokens
+        for row in tokens:
+            right = min(self.random.choice([0, 0, 1, 2, block_size]), len(row))
+            row[right:] = (row[right:] + 1 + torch.arange(right, len(row))) % self.vocab_size
+        return Proposal(tokens, None)
 
 
 class TreeDecoder(OracleDecoder):
