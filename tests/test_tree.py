@@ -190,7 +190,7 @@ class TreeDecoder(OracleDecoder):
 @pytest.fixture(scope="module")
 def tiny_models():
     out = {}
-    for family in ("llama", "qwen3"):
+    for family in ("llama", "qwen3", "gemma3"):
         target = tiny_target(family, vocab_size=VOCAB)
         out[family] = target.to(TEST_DEVICE)
     return out
@@ -285,3 +285,14 @@ def test_hybrid_with_a_real_draft_verifies_trees_and_stays_exact(tiny_models):
     results = decoder.generate(prompts[:4], GenerationConfig(max_new_tokens=NEW_TOKENS, block_size=8))
     assert [r.tokens for r in results] == expected[:4]
     assert sum(r.stats.tree_cycles for r in results) > 0
+
+
+def test_a_sliding_window_target_verifies_one_path_per_row(tiny_models):
+    """Gemma 3's sliding-window layers count slots, so a losing branch cannot be holed out: the
+    decoder offers no tree there, and the output stays exact."""
+    target = tiny_models["gemma3"]
+    prompts, expected = reference("gemma3", target)
+    decoder = TreeDecoder(TargetAdapter(target), prompts[:4], expected[:4], 8)
+    outputs, events = decode(decoder, prompts[:4], 4, 8)
+    assert outputs == expected[:4]
+    assert all(e.commit.tree_extra is None for e in events) and any(e.commit.accepted for e in events)
