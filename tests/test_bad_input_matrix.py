@@ -224,6 +224,8 @@ CASES = {
         Case(("ablation", "train.yaml", "--datasets", "nosuch"), "'nosuch'"),
         Case(("ablation", "train.yaml", "data.train=[data-nomanifest]"), "'data.train'"),
         Case(("ablation", "train.yaml", "--output", "afile.txt"), "afile.txt"),
+        Case(("ablation", "train.yaml", "--concurrency", "0"), "--concurrency must be a positive integer"),
+        Case(("ablation", "train.yaml", "--max-new-tokens", "-1"), "--max-new-tokens must be a positive integer"),
     ],
     "regenerate": [
         Case(("regenerate", "--out", "new"), "--num-prompts"),
@@ -309,6 +311,9 @@ CASES = {
         Case(("loadtest", "--url", "ftp://127.0.0.1:9", "--modes", "speculative"), "http:// or https://"),
         Case(("loadtest", "--threads", "100000"), "--threads 100000 is more than"),
         Case(("loadtest", "--big-body-mb", "-1"), "--big-body-mb must be in"),
+        Case(("loadtest", "--url", "http://[::1", "--modes", "speculative"), "--url 'http://[::1' is not a URL"),
+        Case(("loadtest", "--out", "loop-a/load.json"), "'loop-a' is a symbolic link that leads nowhere"),
+        Case(("loadtest", "--out", "afile.txt/load.json"), "'afile.txt' is a file"),
         Case(("loadtest", "--big-body-mb", "nan"), "--big-body-mb must be in"),
         Case(("loadtest", "--health-every-ms", "inf"), "--health-every-ms must be in"),
     ],

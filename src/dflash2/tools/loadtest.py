@@ -40,7 +40,7 @@ from urllib.parse import urlparse
 from dflash2.argparsing import OneLineParser, run_command
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import write_json
+from dflash2.fileio import require_writable, write_json
 from dflash2.machine import check_threads
 from dflash2.serve.settings import API_KEY_ENV, LOOPBACK_HOSTS
 from dflash2.targets.chat import encode_messages
@@ -122,13 +122,18 @@ def parse_settings(argv: list[str]) -> LoadSettings:
             f"--modes must list {' and/or '.join(MODES)}, got '{a.modes}'")
     require(a.url is None or len(modes) == 1, "--url serves one mode: give one --modes value")
     if a.url is not None:
-        scheme, host = urlparse(a.url).scheme, urlparse(a.url).hostname
+        try:
+            scheme, host = urlparse(a.url).scheme, urlparse(a.url).hostname
+        except ValueError as err:   # e.g. an unclosed IPv6 bracket
+            raise DFlash2Error(f"--url '{a.url}' is not a URL ({err})") from None
         require(scheme in ("http", "https"), f"--url must start with http:// or https://, got '{a.url}'")
         require(host in LOOPBACK_HOSTS,
                 f"--url must be a loopback address ({', '.join(LOOPBACK_HOSTS)}), got '{a.url}'")
     require(a.requests > 0, f"--requests must be positive, got {a.requests}")
     require(a.max_tokens > 0, f"--max-tokens must be positive, got {a.max_tokens}")
     require(a.timeout > 0, f"--timeout must be positive, got {a.timeout}")
+    if a.out:
+        require_writable(a.out, "--out")   # before any server starts: the results are written at the end
     warning = check_threads(a.threads)
     if warning:
         print(warning, file=sys.stderr)
