@@ -87,7 +87,10 @@ def check_data_weights(target: str, model, data_dirs: list[str]) -> None:
 
     fields = None
     for directory in data_dirs:
-        recorded = load_manifest(directory).get("target")
+        try:
+            recorded = load_manifest(directory).get("target")
+        except DFlash2Error:   # no manifest to compare: `check_inputs` speaks for the directory itself
+            continue
         if not isinstance(recorded, dict) or "weights_fingerprint" not in recorded:
             continue
         fields = fields or target_fields(target, model)
