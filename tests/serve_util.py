@@ -29,10 +29,10 @@ POISON_TEXT = "\x07"   # a prompt holding this character makes the tokenizer fai
 class PoisonTokenizer(TinyTokenizer):
     """The tiny tokenizer, but it fails on `POISON_TEXT` (a fault inside a request's encoding)."""
 
-    def __call__(self, text: str) -> dict:
+    def __call__(self, text: str, **bound) -> dict:
         if POISON_TEXT in text:
             raise RuntimeError("poisoned text")
-        return super().__call__(text)
+        return super().__call__(text, **bound)
 
 
 class PoisonTarget(TargetAdapter):

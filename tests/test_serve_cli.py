@@ -82,3 +82,34 @@ def test_server_process_answers_like_the_engine_and_drains_on_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_loaded_models_are_out_of_the_collectors_sight():
+    """A full garbage collection over torch's and the models' objects paused a real server for up to
+    0.7 s (/health included); once loaded, they are frozen out of the collector's scans."""
+    import gc
+
+    from dflash2.serve.command import load_pipeline
+    from dflash2.serve.settings import ServeSettings
+
+    gc.unfreeze()
+    try:
+        pipeline = load_pipeline(ServeSettings(tiny=True, port=0))
+        assert gc.get_freeze_count() > 0
+        frozen = {id(o) for o in gc.get_objects()}   # get_objects lists the unfrozen ones only
+        assert id(pipeline.decoder) not in frozen and id(pipeline.decoder.target) not in frozen
+    finally:
+        gc.unfreeze()
+
+
+def test_the_socket_accepts_connections_as_soon_as_it_is_claimed():
+    """The `dflash2 serve: http://...` line is printed once the socket is claimed, before uvicorn
+    runs: a client that connects then must wait in the backlog, not be refused."""
+    from dflash2.serve.command import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        with socket.create_connection(sock.getsockname()[:2], timeout=5):
+            pass
+    finally:
+        sock.close()

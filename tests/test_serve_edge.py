@@ -62,10 +62,10 @@ class TimedTokenizer(TinyTokenizer):
     def __init__(self, vocab_size: int):
         super().__init__(vocab_size, max_chars=10**9)
 
-    def __call__(self, text: str) -> dict:
+    def __call__(self, text: str, **bound) -> dict:
         started = time.perf_counter()
         try:
-            return super().__call__(text)
+            return super().__call__(text, **bound)
         finally:
             if len(text) > 1_000_000:
                 TimedTokenizer.spans.append((started, time.perf_counter()))
@@ -116,6 +116,10 @@ MALFORMED = {
     "a number as content": (_body(messages=[{"role": "user", "content": 5}]), "messages", "content"),
     "a string as max_tokens": (_body(prompt="hi", max_tokens="8"), "max_tokens", "integer"),
     "a dict as stop": (_body(prompt="hi", stop={"a": 1}), "stop", "stop"),
+    # a value that compares equal to the harmless one in Python, but is another JSON value
+    "logprobs 0 (a request for log probabilities)": (_body(prompt="hi", logprobs=0), "logprobs", "not supported"),
+    "n true": (_body(prompt="hi", n=True), "n", "not supported"),
+    "n 1.0": (_body(prompt="hi", n=1.0), "n", "not supported"),
 }
 
 
@@ -239,7 +243,7 @@ def test_a_20_mb_body_while_16_streams_run():
             poller.result()
             results = [job.result(timeout=120) for job in streams]
         assert reply.status_code == 400 and reply.json()["error"]["code"] == "context_length_exceeded"
-        assert "prompt of 20000001 tokens" in reply.json()["error"]["message"]   # tokenised in full
+        assert "the prompt alone is more than the context limit of 512" in reply.json()["error"]["message"]
         assert results == [(w, "length") for w in want]                          # every stream, token for token
         # /health kept answering while the big prompt was being tokenised: round trips that began
         # and ended inside it (a body tokenised on the event loop leaves none)
@@ -298,3 +302,120 @@ def test_drain_cut_ends_streams_with_an_error_event(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("mib, status", [(0.1, 413), (0.05, 200)])
+def test_loadtest_sends_one_big_body_mid_run_and_polls_health(live, tmp_path, capsys, mib, status):
+    """`dflash2 loadtest --big-body-mb`: the big body reaches the server while the streams run (over
+    the 64 KiB limit: 413; under it: answered), /health is polled through the level, and every
+    stream's completion is reported."""
+    from dflash2.cli import main
+
+    out = tmp_path / "load.json"
+    code = main(["loadtest", "--tiny", "--url", live.url, "--api-key", API_KEY, "--concurrency", "4", "--requests", "4",
+                 "--max-tokens", "24", "--big-body-mb", str(mib), "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    [row] = json.loads(out.read_text())["rows"]
+    probe = row["probe"]
+    assert row["completed"] == [True] * 4 and row["errors"] == 0 and row["mismatches"] == 0
+    assert probe["big_body"]["bytes"] == int(mib * 2**20) and probe["big_body"]["status"] == status
+    assert probe["big_body"]["code"] == ("request_too_large" if status == 413 else None)
+    assert probe["health"]["polls"] >= 1 and probe["health"]["failures"] == 0
+    assert probe["health"]["max_ms"] >= probe["health"]["median_ms"] > 0
+    assert "| speculative | 4 | 4 / 4 | " + str(status) in printed
+
+
+def test_the_big_body_is_valid_json_of_the_size_asked():
+    from dflash2.tools.loadprobe import big_body
+
+    for size in (1000, 123_457):
+        body = big_body("m", size)
+        parsed = json.loads(body)
+        assert len(body) == size and parsed["model"] == "m" and parsed["max_tokens"] == 1
+        assert parsed["prompt"].startswith("hello world hello")
+    assert json.loads(big_body("m", 10))["prompt"] == ""   # smaller than the fields: the fields alone
+
+
+class CopyRecordingTokenizer(TinyTokenizer):
+    """Records the thread that copies it (copying a real Rust tokenizer holds the GIL ~0.3 s)."""
+
+    copied_in: list[str] = []
+
+    def __deepcopy__(self, memo):
+        CopyRecordingTokenizer.copied_in.append(threading.current_thread().name)
+        return CopyRecordingTokenizer(self.span + 4)
+
+
+def test_encoder_threads_get_tokenizer_copies_made_at_start_up_not_in_a_request():
+    import asyncio
+
+    from dflash2.serve.generation import Encoders
+
+    CopyRecordingTokenizer.copied_in = []
+    encoders = Encoders(CopyRecordingTokenizer(64), workers=3)
+    made_at_start = list(CopyRecordingTokenizer.copied_in)
+
+    def which(_i):
+        time.sleep(0.05)   # keep the thread busy, so that the pool starts all of its threads
+        return threading.current_thread().name, id(encoders.tokenizer)
+
+    async def requests():
+        return await asyncio.gather(*(encoders.run(which, i) for i in range(6)))
+    try:
+        seen = dict(asyncio.run(requests()))
+    finally:
+        encoders.close()
+    assert made_at_start == [threading.current_thread().name] * 3
+    assert CopyRecordingTokenizer.copied_in == made_at_start            # no copy made on a request's way
+    assert len(seen) == 3 and len(set(seen.values())) == 3              # each thread its own copy
+
+
+class ListedIds:
+    """A real Hugging Face fast tokenizer, recording how many ids each call handed back."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.listed = tokenizer, []
+
+    def __call__(self, text, **kwargs):
+        out = self.tokenizer(text, **kwargs)
+        self.listed.append(len(out["input_ids"]))
+        return out
+
+
+def test_a_prompt_beyond_the_context_is_refused_without_listing_all_its_ids():
+    """Turning millions of ids into a Python list holds the GIL for about 0.5 s (/health waited that
+    long behind a 20 MB prompt): the server asks the tokenizer for one id more than the context."""
+    from dflash2.serve.jobs import build_job
+    from dflash2.serve.protocol import ApiError, parse_completion
+    from dflash2.serve.settings import RequestDefaults
+    from matrix_util import tiny_tokenizer
+
+    pipeline = tiny_serving_pipeline(speculate="never")
+    tokenizer = ListedIds(tiny_tokenizer())
+    limit = pipeline.decoder.target.max_positions
+    request = parse_completion({"model": "m", "prompt": "ab " * 10_000, "max_tokens": 4})
+    with pytest.raises(ApiError) as info:
+        build_job(request, pipeline, RequestDefaults(), lambda _: None, tokenizer=tokenizer)
+    assert info.value.code == "context_length_exceeded" and f"more than the context limit of {limit}" in info.value.message
+    assert tokenizer.listed == [limit + 1]
+    fits = parse_completion({"model": "m", "prompt": "ab " * 100, "max_tokens": 4})
+    job = build_job(fits, pipeline, RequestDefaults(), lambda _: None, tokenizer=tokenizer)
+    assert job.prompt == tiny_tokenizer()("ab " * 100)["input_ids"]            # a prompt that fits: every id
+
+
+def test_a_client_that_leaves_before_its_body_arrives_is_no_fault(live):
+    """A body shorter than its Content-Length, then the connection closed: no 500, no traceback,
+    counted as 499 (the client left), and the server answers the next request."""
+    before = count(live.metrics(), "/v1/completions", 499)
+    with Records() as log:
+        with socket.create_connection(live.sock.getsockname()[:2], timeout=10) as raw:
+            raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Authorization: Bearer " + API_KEY.encode() + b"\r\nContent-Length: 100\r\n\r\n{\"prompt\": ")
+        deadline = time.time() + 20
+        while count(live.metrics(), "/v1/completions", 499) < before + 1:
+            assert time.time() < deadline, "the cut request was not counted as 499"
+            time.sleep(0.05)
+        good = httpx.post(live.url + "/v1/completions", content=_body(prompt="hi"), headers=AUTH, timeout=30)
+    assert good.status_code == 200
+    assert log.tracebacks == [] and not any(r.levelno >= logging.ERROR for r in log.records)

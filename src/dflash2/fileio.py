@@ -149,7 +149,11 @@ def _finish_directory(tmp: Path, path: Path) -> Iterator[Path]:
 
 
 def require_creatable(path: str | os.PathLike, flag: str) -> None:
-    """Refuse a new path that lies below a file (`out.txt/run`): no directory can be made there."""
+    """Refuse a new path that lies below a file (`out.txt/run`), or a symbolic link (the path or one
+    above it) that leads nowhere (a loop, a missing target): no directory can be made there."""
+    nowhere = next((p for p in (Path(path), *Path(path).parents) if p.is_symlink() and not p.exists()), None)
+    require(nowhere is None, f"{flag} '{path}': '{nowhere}' is a symbolic link that leads nowhere (a loop or a "
+                             "missing target); choose another path")
     blocking = next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
     require(blocking is None, f"{flag} '{path}': '{blocking}' is a file, not a directory; choose another path")
 

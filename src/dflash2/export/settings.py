@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash2.errors import require
-from dflash2.fileio import refuse_existing_output
+from dflash2.fileio import refuse_existing_output, require_creatable
 
 FORMS = ("dflash2", "dflash-v1", "gguf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: the dtype the checkpoint stores
@@ -43,6 +43,7 @@ class ExportSettings:
                 f"--measure-prompts must be an integer >= 0, got {self.measure_prompts!r}")
         require(isinstance(self.measure_tokens, int) and self.measure_tokens > 0,
                 f"--measure-tokens must be a positive integer, got {self.measure_tokens!r}")
+        require_creatable(self.out, "--out")   # before resolving it: a symbolic link loop cannot be resolved
         out, draft = self.out.resolve(), self.draft.resolve()
         require(out != draft and out not in draft.parents,
                 f"--out '{self.out}' holds the draft being exported; choose another directory")

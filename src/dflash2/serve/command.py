@@ -8,12 +8,17 @@ until SIGINT or SIGTERM. SIGTERM drains: no new connections, the requests in fli
 (up to `--drain-timeout` seconds; those still open then end with a 503 error, in a stream an
 `error` event), then the process exits with status 0.
 
+Once loaded, the heap is settled (`settle_heap`: the collector no longer rescans the models'
+objects, whose full collections paused the server for up to 0.7 s).
 `run_server(pipeline, settings, sock)` serves an already loaded pipeline on an open socket
-(tests start it in a thread); `bind(host, port)` opens that socket (port 0: a free port).
+(tests start it in a thread); `bind(host, port)` opens that socket (port 0: a free port) and
+listens on it at once, so a client that connects as soon as the `dflash2 serve:` line appears
+waits in the backlog while the server finishes starting, instead of being refused.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import math
 import os
@@ -88,12 +93,16 @@ def _mebibytes(value: float) -> int:
     return int(value * 2**20)
 
 
+LISTEN_BACKLOG = 2048   # uvicorn's own default
+
+
 def bind(host: str, port: int) -> socket.socket:
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)   # from here a client connects (and waits) instead of being refused
     except OSError as err:
         raise DFlash2Error(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
     sock.set_inheritable(True)
@@ -113,13 +122,23 @@ def load_pipeline(settings: ServeSettings):
     if settings.threads:
         torch.set_num_threads(settings.threads)
     if settings.tiny:
-        return tiny_pipeline(0, "never" if settings.no_draft else settings.speculate)
-    from dflash2.decoding.lookup import SuffixStore
+        pipeline = tiny_pipeline(0, "never" if settings.no_draft else settings.speculate)
+    else:
+        from dflash2.decoding.lookup import SuffixStore
 
-    pipeline = load_decoder(settings.target, settings.draft, settings.device, settings.dtype, settings.no_draft,
-                            settings.draft_dtype, settings.speculate, settings.proposer)
-    pipeline.decoder.suffix_store = SuffixStore()   # lookup proposals from recent requests too (bounded)
+        pipeline = load_decoder(settings.target, settings.draft, settings.device, settings.dtype, settings.no_draft,
+                                settings.draft_dtype, settings.speculate, settings.proposer)
+        pipeline.decoder.suffix_store = SuffixStore()   # lookup proposals from recent requests too (bounded)
+    settle_heap()
     return pipeline
+
+
+def settle_heap() -> None:
+    """Move everything loaded so far out of the garbage collector's sight (`gc.freeze`): torch,
+    transformers and the tokenizer leave a few hundred thousand long-lived objects, and a full
+    collection over them held the GIL for 0.3-0.7 s, freezing `/health` and every stream."""
+    gc.collect()
+    gc.freeze()
 
 
 def make_server(pipeline, settings: ServeSettings):

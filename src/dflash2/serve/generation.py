@@ -4,8 +4,9 @@ results become one JSON response or a server-sent event stream.
 Contract:
 - `Encoders(tokenizer, workers)`: a small thread pool; everything a body costs before it is queued
   (JSON parsing, the field checks, chat templating, tokenisation, the engine's checks) runs there,
-  each thread with its own copy of the tokenizer, so one large request never stalls the event
-  loop (`/health`, the other streams). `close()` ends the threads.
+  each thread with its own copy of the tokenizer (made when the server starts, not when a request
+  starts a thread), so one large request never stalls the event loop (`/health`, the other
+  streams). `close()` ends the threads.
 - `OpenRequests(timeout_s)`: the requests waiting for results. `drain()` (the server began to
   shut down) starts the drain clock; when `timeout_s` runs out every request still open gets a
   503 `shutting_down` result: a waiting request answers it as its response, a stream sends it as
@@ -20,12 +21,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import hmac
+import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from dflash2.serve.guard import record_status
 from dflash2.serve.jobs import Failed, Finished, Job, Progress, build_job
@@ -44,11 +47,16 @@ def error_response(error: ApiError) -> JSONResponse:
 
 class Encoders:
     def __init__(self, tokenizer, workers: int):
-        self._tokenizer, self._local = tokenizer, threading.local()
+        # the copies are made here, at start-up: copying a Rust-backed tokenizer is one call that
+        # holds the GIL for a few hundred ms, which in a request's path would stall the event loop
+        self._copies = queue.SimpleQueue()
+        for _ in range(workers):
+            self._copies.put(copy.deepcopy(tokenizer))
+        self._local = threading.local()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dflash2-encode", initializer=self._own_copy)
 
     def _own_copy(self) -> None:
-        self._local.tokenizer = copy.deepcopy(self._tokenizer)
+        self._local.tokenizer = self._copies.get_nowait()
 
     @property
     def tokenizer(self):
@@ -141,6 +149,8 @@ class Generation:
             self.scheduler.submit(job)
         except ApiError as err:
             return error_response(err)
+        except ClientDisconnect:   # the client left before its body arrived: nobody to answer, no fault
+            return Response(status_code=499)
         self.open_requests.open(channel)
         try:
             return await self._answer(request, job, channel)

@@ -5,7 +5,8 @@ Contract:
   thread, `tokenizer` that thread's own copy) turns a parsed `ApiRequest` into
   a `Job`: the prompt encoded (chat: `targets.chat.encode_messages`, the chat template when the
   tokenizer has one, else the contents joined; completion: the text as the tokenizer encodes it,
-  or the given ids), and a `GenerationConfig` from the request with the server defaults for what
+  or the given ids; a text is encoded to one id beyond the context at most, so a prompt too long
+  for it is refused as `context_length_exceeded` without listing all of its ids), and a `GenerationConfig` from the request with the server defaults for what
   it left out. An omitted `max_tokens` is the default capped to the room left in the context.
   The config and context are checked by the engine's own rules, mapped by type, never by their
   text: each field alone by `GenerationConfig.validate` (a refusal is an `ApiError` 400 whose
@@ -33,7 +34,7 @@ from dflash2.errors import ContextLimitError, DFlash2Error
 from dflash2.serve.protocol import ApiError, ApiRequest, bad_request
 from dflash2.serve.settings import RequestDefaults
 from dflash2.serve.text import TextStream
-from dflash2.targets.chat import encode_messages
+from dflash2.targets.chat import encode_messages, encode_text
 
 DRAFT, LOOKUP, TARGET, PLAIN = "draft", "lookup", "target", "plain"
 SOURCES = (DRAFT, LOOKUP)   # where accepted proposals come from (`Commit.source`)
@@ -137,11 +138,11 @@ def _as_list(ids) -> list[int]:
     return ids if isinstance(ids, list) else list(ids)
 
 
-def encode_request(request: ApiRequest, tokenizer, vocab_size: int) -> list[int]:
-    """The prompt's token ids, or ApiError 400."""
+def encode_request(request: ApiRequest, tokenizer, vocab_size: int, at_most: int | None = None) -> list[int]:
+    """The prompt's token ids (no more than `at_most` of a text prompt), or ApiError 400."""
     try:
         if request.kind == "chat":
-            return _as_list(encode_messages(tokenizer, [dict(m) for m in request.messages]))
+            return _as_list(encode_messages(tokenizer, [dict(m) for m in request.messages], at_most=at_most))
         if request.prompt_ids is not None:
             bad = next((t for t in request.prompt_ids if not 0 <= t < vocab_size), None)
             if bad is not None:
@@ -149,7 +150,7 @@ def encode_request(request: ApiRequest, tokenizer, vocab_size: int) -> list[int]
             return list(request.prompt_ids)
         if not request.prompt_text:
             raise bad_request("'prompt' must not be empty.", "prompt")
-        return _as_list(tokenizer(request.prompt_text)["input_ids"])
+        return _as_list(encode_text(tokenizer, request.prompt_text, at_most))
     except DFlash2Error as err:
         raise bad_request(str(err), "messages" if request.kind == "chat" else "prompt") from None
 
@@ -166,7 +167,13 @@ def build_job(request: ApiRequest, pipeline, defaults: RequestDefaults, sink: Ca
     (Rust-backed tokenizers fail with "Already borrowed" when one thread encodes while another
     decodes with the same object)."""
     decoder = pipeline.decoder
-    prompt = encode_request(request, tokenizer or pipeline.tokenizer, decoder.target.vocab_size)
+    limit = decoder.target.max_positions
+    # one id more than the context holds: enough to know a prompt is too long, however long it is
+    prompt = encode_request(request, tokenizer or pipeline.tokenizer, decoder.target.vocab_size, limit + 1)
+    where = "messages" if request.kind == "chat" else "prompt"
+    if len(prompt) > limit and request.prompt_ids is None:
+        raise bad_request(f"This model's context is too short for the request: the prompt alone is more than the "
+                          f"context limit of {limit} tokens. Shorten the prompt.", where, "context_length_exceeded")
     seed = request.seed if request.seed is not None else defaults.seed
     config = GenerationConfig(
         max_new_tokens=request.max_tokens if request.max_tokens is not None else defaults.max_tokens,
@@ -176,7 +183,6 @@ def build_job(request: ApiRequest, pipeline, defaults: RequestDefaults, sink: Ca
         seed=seed if seed is not None else secrets.randbits(63),
         stop_token_ids=tuple(pipeline.stop_token_ids))
     _check_fields(config, request)
-    where = "messages" if request.kind == "chat" else "prompt"
     if request.max_tokens is None:  # the default, but never more than fits
         room = context_room(len(prompt), decoder.block_size(config), decoder.target.max_positions)
         if room >= 1:

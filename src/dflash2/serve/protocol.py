@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from dflash2.userjson import lone_surrogate
+
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
           500: "server_error", 503: "server_error"}
@@ -84,20 +86,10 @@ def parse_json(raw: bytes) -> dict:
 def _check_text(body: dict) -> None:
     """Refuse strings that are not Unicode text: JSON may escape a lone surrogate ("\\ud800"), which
     no tokenizer can encode and no response can carry."""
-    stack: list = [body]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            stack.extend(value.keys())
-            stack.extend(value.values())
-        elif isinstance(value, list):
-            stack.extend(value)
-        elif isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as err:
-                raise bad_request(f"The request holds a string that is not valid Unicode text (a lone surrogate "
-                                  f"{value[err.start]!a} at character {err.start}).", code="invalid_json") from None
+    found = lone_surrogate(body)
+    if found is not None:
+        raise bad_request(f"The request holds a string that is not valid Unicode text (a lone surrogate "
+                          f"{found[0]!a} at character {found[1]}).", code="invalid_json")
 
 
 # --- fields -----------------------------------------------------------------------------------
@@ -145,9 +137,15 @@ def _boolean(body: dict, name: str) -> bool:
     return value
 
 
+def _same(value, allowed) -> bool:
+    """Equal and of the same JSON type: `0`, `false` and `1.0` are not `false`, `0` and `1` (in Python
+    they compare equal, so `"logprobs": 0`, a request for log probabilities, passed as `false`)."""
+    return type(value) is type(allowed) and value == allowed
+
+
 def _refuse_unless(body: dict, name: str, allowed, why: str) -> None:
     """A field the server cannot honour is only accepted at the value that changes nothing."""
-    if name in body and body[name] is not None and body[name] not in allowed:
+    if name in body and body[name] is not None and not any(_same(body[name], a) for a in allowed):
         raise bad_request(f"'{name}' = {_show(body[name])} is not supported: {why}.", name, "unsupported_parameter")
 
 

@@ -4,7 +4,9 @@ Contract:
 - `encode_messages(tokenizer, messages)` turns `[{"role": ..., "content": ...}, ...]` into the
   token ids the target expects before its answer: the tokenizer's chat template with the
   generation prompt when it has one; otherwise (base models) the contents joined by blank lines,
-  with the tokenizer's usual special tokens (e.g. BOS).
+  with the tokenizer's usual special tokens (e.g. BOS). `at_most=N` keeps the first N ids only
+  (`encode_text` likewise for one text): the server asks for one more than the context holds, so
+  that a prompt too long for it is known as such without listing all of its ids.
   `check_messages(messages)` is its check of the messages alone (no tokenizer needed).
 - `encode_prompt(tokenizer, text, chat=None)` does the same for one user message; `chat=False`
   forces plain text, `chat=None` uses the template when there is one.
@@ -39,17 +41,26 @@ def check_messages(messages: list, where: str = "") -> None:
     require(any(m["content"].strip() for m in messages), f"{where}empty prompt: the messages have no text")
 
 
-def encode_messages(tokenizer, messages: list[dict], chat: bool | None = None) -> list[int]:
+def encode_messages(tokenizer, messages: list[dict], chat: bool | None = None, at_most: int | None = None) -> list[int]:
     check_messages(messages)
+    bound = {} if at_most is None else {"truncation": True, "max_length": at_most}
     use_template = has_chat_template(tokenizer) if chat is None else chat
     if use_template:
         require(has_chat_template(tokenizer), "this tokenizer has no chat template; pass chat=False (--no-chat)")
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **bound)
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return list(ids)
     text = "\n\n".join(m["content"] for m in messages)
-    return tokenizer(text)["input_ids"]
+    return encode_text(tokenizer, text, at_most)
+
+
+def encode_text(tokenizer, text: str, at_most: int | None = None) -> list[int]:
+    """The text's ids with the tokenizer's usual special tokens; with `at_most`, no more than that
+    many (the tokenizer stops there: a prompt far beyond a context costs no list of all its ids)."""
+    if at_most is None:
+        return tokenizer(text)["input_ids"]
+    return tokenizer(text, truncation=True, max_length=at_most)["input_ids"]
 
 
 def encode_prompt(tokenizer, text: str, chat: bool | None = None) -> list[int]:

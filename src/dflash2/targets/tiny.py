@@ -103,8 +103,9 @@ class TinyTokenizer:
         self.span = vocab_size - 4
         self.max_chars = max_chars
 
-    def __call__(self, text: str) -> dict:
-        return {"input_ids": [1] + [3 + ord(c) % self.span for c in text[-self.max_chars:]]}
+    def __call__(self, text: str, truncation: bool = False, max_length: int | None = None) -> dict:
+        ids = [1] + [3 + ord(c) % self.span for c in text[-self.max_chars:]]
+        return {"input_ids": ids[:max_length] if truncation and max_length is not None else ids}
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return "".join(chr(ord("a") + (int(i) - 3) % 26) for i in ids if not (skip_special_tokens and int(i) < 3))

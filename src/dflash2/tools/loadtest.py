@@ -12,13 +12,21 @@ Per level it reports: requests/s, output tokens/s, p50/p99 latency and time to f
 server's mean acceptance length, errors (non-200, error events, cut streams, timeouts) and greedy
 mismatches: each answer's token ids against the engine decoding the same prompt alone
 (`decoder.generate`, plain decoding, in this process after the servers are gone). Results go to
-`--out` (JSON) and a Markdown table on stdout. Exit status 1 when there were errors or mismatches.
+`--out` (JSON) and a Markdown table on stdout. Exit status 1 when there were errors or mismatches (or, probed, a /health poll
+without a 200 or a big request without an answer).
+
+The probe (`loadprobe`): `--big-body-mb MB` sends one completion body of that size once every
+stream of a level has its first token (the streams keep running), and `--health-every-ms MS`
+(10 with `--big-body-mb`) polls `/health` through each level; each row then also reports the
+polls' median and max round trip (over the level and while the big request was in flight), the
+big request's status, and how many streams completed.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import statistics
@@ -32,12 +40,14 @@ from urllib.parse import urlparse
 from dflash2.argparsing import OneLineParser, run_command
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import write_json
+from dflash2.fileio import require_writable, write_json
 from dflash2.machine import check_threads
 from dflash2.serve.settings import API_KEY_ENV, LOOPBACK_HOSTS
 from dflash2.targets.chat import encode_messages
+from dflash2.tools.loadprobe import HealthPoller, Probe, big_body, probe_summary, send_big_body
 
 MODES = ("speculative", "plain")
+MAX_BIG_BODY_MB = 1024
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,7 @@ class LoadSettings:
     timeout_s: float = 600.0
     out: str | None = None
     api_key: str | None = None          # for --url servers that want one
+    probe: Probe = Probe()               # one big body mid-level, /health polled
 
 
 @dataclass
@@ -100,6 +111,10 @@ def parse_settings(argv: list[str]) -> LoadSettings:
     p.add_argument("--no-check", action="store_true", help="skip the greedy comparison with the engine")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--big-body-mb", type=float, default=0.0,
+                   help="send one completion body of this many MiB while each level's streams run")
+    p.add_argument("--health-every-ms", type=float, default=None,
+                   help="poll /health at this interval through each level (default: 10 with --big-body-mb)")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     modes = tuple(m.strip() for m in a.modes.split(",") if m.strip())
@@ -107,13 +122,18 @@ def parse_settings(argv: list[str]) -> LoadSettings:
             f"--modes must list {' and/or '.join(MODES)}, got '{a.modes}'")
     require(a.url is None or len(modes) == 1, "--url serves one mode: give one --modes value")
     if a.url is not None:
-        scheme, host = urlparse(a.url).scheme, urlparse(a.url).hostname
+        try:
+            scheme, host = urlparse(a.url).scheme, urlparse(a.url).hostname
+        except ValueError as err:   # e.g. an unclosed IPv6 bracket
+            raise DFlash2Error(f"--url '{a.url}' is not a URL ({err})") from None
         require(scheme in ("http", "https"), f"--url must start with http:// or https://, got '{a.url}'")
         require(host in LOOPBACK_HOSTS,
                 f"--url must be a loopback address ({', '.join(LOOPBACK_HOSTS)}), got '{a.url}'")
     require(a.requests > 0, f"--requests must be positive, got {a.requests}")
     require(a.max_tokens > 0, f"--max-tokens must be positive, got {a.max_tokens}")
     require(a.timeout > 0, f"--timeout must be positive, got {a.timeout}")
+    if a.out:
+        require_writable(a.out, "--out")   # before any server starts: the results are written at the end
     warning = check_threads(a.threads)
     if warning:
         print(warning, file=sys.stderr)
@@ -122,7 +142,17 @@ def parse_settings(argv: list[str]) -> LoadSettings:
             f"--datasets must list benchmarks from {', '.join(BENCHMARKS)}, got '{a.datasets}'")
     return LoadSettings(a.target, a.draft, a.device, a.dtype, a.speculate, a.threads, a.tiny, a.url, modes,
                         _ints(a.concurrency, "--concurrency"), a.requests, a.max_tokens, datasets, not a.no_check,
-                        a.timeout, a.out, a.api_key)
+                        a.timeout, a.out, a.api_key, _probe(a.big_body_mb, a.health_every_ms))
+
+
+def _probe(big_body_mb: float, health_every_ms: float | None) -> Probe:
+    require(math.isfinite(big_body_mb) and 0 <= big_body_mb <= MAX_BIG_BODY_MB,
+            f"--big-body-mb must be in 0..{MAX_BIG_BODY_MB}, got {big_body_mb:g}")
+    if health_every_ms is None:
+        health_every_ms = 10.0 if big_body_mb > 0 else 0.0
+    require(math.isfinite(health_every_ms) and 0 <= health_every_ms <= 60_000,
+            f"--health-every-ms must be in 0..60000 (0: no polling), got {health_every_ms:g}")
+    return Probe(int(big_body_mb * 2**20), health_every_ms / 1000)
 
 
 def load_prompts(settings: LoadSettings) -> list[str]:
@@ -181,10 +211,11 @@ class ServerProcess:
 
 
 # --------------------------------------------------------------------------- the clients
-async def _one(http, url: str, model: str, prompt: str, index: int, max_tokens: int, timeout: float) -> Outcome:
+async def _one(http, url: str, model: str, prompt: str, index: int, max_tokens: int, timeout: float,
+               first_token=lambda: None) -> Outcome:
     outcome, started = Outcome(index), time.perf_counter()
     try:
-        await asyncio.wait_for(_stream(http, url, model, prompt, max_tokens, outcome, started), timeout)
+        await asyncio.wait_for(_stream(http, url, model, prompt, max_tokens, outcome, started, first_token), timeout)
     except asyncio.TimeoutError:
         outcome.ok, outcome.error = False, f"timed out after {timeout:.0f} s"
     except Exception as err:  # noqa: BLE001 - every failure is counted, none stops the run
@@ -193,7 +224,8 @@ async def _one(http, url: str, model: str, prompt: str, index: int, max_tokens: 
     return outcome
 
 
-async def _stream(http, url: str, model: str, prompt: str, max_tokens: int, outcome: Outcome, started: float) -> None:
+async def _stream(http, url: str, model: str, prompt: str, max_tokens: int, outcome: Outcome, started: float,
+                  first_token) -> None:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
     async with http.stream("POST", url + "/v1/chat/completions", json=body) as response:
@@ -213,14 +245,22 @@ async def _stream(http, url: str, model: str, prompt: str, max_tokens: int, outc
             for choice in chunk.get("choices", []):
                 if choice.get("token_ids") and outcome.ttft_s is None:
                     outcome.ttft_s = time.perf_counter() - started
+                    first_token()
                 outcome.token_ids += choice.get("token_ids") or []
             if chunk.get("dflash2", {}).get("speculative_cycles"):
                 outcome.acceptance_length = chunk["dflash2"]["acceptance_length"]
     outcome.error = "the stream ended without [DONE]"
 
 
+@dataclass
+class Level:
+    outcomes: list[Outcome]
+    wall_s: float
+    probe: dict | None = None            # `loadprobe.probe_summary`, when the level was probed
+
+
 async def run_level(url: str, model: str, prompts: list[str], clients: int, max_tokens: int,
-                    timeout: float, api_key: str | None = None) -> tuple[list[Outcome], float]:
+                    timeout: float, api_key: str | None = None, probe: Probe = Probe()) -> Level:
     import httpx   # an optional dependency (the `test` extra): needed only when requests are sent
 
     work = asyncio.Queue()
@@ -228,18 +268,39 @@ async def run_level(url: str, model: str, prompts: list[str], clients: int, max_
         work.put_nowait(i)
     outcomes: list[Outcome] = []
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    body = big_body(model, probe.big_body_bytes) if probe.big_body_bytes else None
+    all_started, first_tokens = asyncio.Event(), [0]
+
+    def first_token() -> None:
+        first_tokens[0] += 1
+        if first_tokens[0] >= min(clients, len(prompts)):
+            all_started.set()
+
+    async def big_request():
+        await all_started.wait()
+        return await asyncio.to_thread(send_big_body, url, body, headers, timeout)
+
+    poller = HealthPoller(url, probe.health_every_s) if probe.health_every_s > 0 else None
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits, headers=headers) as http:
         async def client():
             while not work.empty():
                 i = work.get_nowait()
-                outcomes.append(await _one(http, url, model, prompts[i], i, max_tokens, timeout))
+                outcomes.append(await _one(http, url, model, prompts[i], i, max_tokens, timeout, first_token))
+            all_started.set()   # a stream that failed before its first token: send the big body anyway
 
+        if poller:
+            poller.start()
         started = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(clients)))
-        wall = time.perf_counter() - started
-    return sorted(outcomes, key=lambda o: o.index), wall
+        big = asyncio.ensure_future(big_request()) if body is not None else None
+        try:
+            await asyncio.gather(*(client() for _ in range(clients)))
+            wall = time.perf_counter() - started
+            big_outcome = await big if big is not None else None
+        finally:
+            answers = poller.stop() if poller else []
+    summary = probe_summary(answers, big_outcome, started) if probe.active else None
+    return Level(sorted(outcomes, key=lambda o: o.index), wall, summary)
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -249,7 +310,8 @@ def _percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-def summarise(mode: str, clients: int, outcomes: list[Outcome], wall: float) -> dict:
+def summarise(mode: str, clients: int, level: Level) -> dict:
+    outcomes, wall = level.outcomes, level.wall_s
     good = [o for o in outcomes if o.ok]
     tokens = sum(len(o.token_ids) for o in good)
     accept = [o.acceptance_length for o in good if o.acceptance_length is not None]
@@ -260,7 +322,8 @@ def summarise(mode: str, clients: int, outcomes: list[Outcome], wall: float) -> 
             "ttft_p50_s": _percentile([o.ttft_s for o in good if o.ttft_s is not None], 50),
             "ttft_p99_s": _percentile([o.ttft_s for o in good if o.ttft_s is not None], 99),
             "acceptance_length": statistics.mean(accept) if accept else None,
-            "first_errors": [o.error for o in outcomes if not o.ok][:3]}
+            "first_errors": [o.error for o in outcomes if not o.ok][:3],
+            "completed": [o.ok for o in outcomes], **({"probe": level.probe} if level.probe else {})}
 
 
 # --------------------------------------------------------------------------- references
@@ -293,6 +356,19 @@ def markdown(rows: list[dict]) -> str:
                      f"{'–' if r.get('mismatches') is None else r['mismatches']} | {f(r['requests_per_s'], 3)} | "
                      f"{f(r['output_tokens_per_s'], 1)} | {f(r['latency_p50_s'])} / {f(r['latency_p99_s'])} | "
                      f"{f(r['ttft_p50_s'])} / {f(r['ttft_p99_s'])} | {f(r['acceptance_length'])} |")
+    probed = [r for r in rows if r.get("probe")]
+    if probed:
+        lines += ["", "| mode | clients | streams completed | big body: status (code), s | /health polls | "
+                      "/health median / max (ms) | during the big body: polls, median / max (ms) |", "|" + "---|" * 7]
+    for r in probed:
+        health, big = r["probe"]["health"], r["probe"].get("big_body")
+        during = r["probe"].get("health_during_big_body")
+        shown = "–" if big is None else (f"{big['status']} ({big['code'] or big['error'] or '-'}), "
+                                         f"{big['seconds']:.2f}")
+        inside = "–" if during is None else f"{during['polls']}, {f(during['median_ms'], 1)} / {f(during['max_ms'], 1)}"
+        lines.append(f"| {r['mode']} | {r['concurrency']} | {sum(r['completed'])} / {r['requests']} | {shown} | "
+                     f"{health['polls']} ({health['failures']} failed) | {f(health['median_ms'], 1)} / "
+                     f"{f(health['max_ms'], 1)} | {inside} |")
     return "\n".join(lines) + "\n"
 
 
@@ -308,7 +384,7 @@ def _connect(url: str, key: str | None, timeout: float) -> str:
                            "`dflash2 serve`, or drop --url to let the load test start its own") from None
     require(listing.status_code == 200, f"GET /v1/models: HTTP {listing.status_code} {listing.text[:200]}")
     model = listing.json()["data"][0]["id"]
-    warm, _ = asyncio.run(run_level(url, model, ["Say hello."], 1, 8, timeout, key))
+    warm = asyncio.run(run_level(url, model, ["Say hello."], 1, 8, timeout, key)).outcomes
     require(warm[0].ok, f"the warm-up request failed: {warm[0].error}")
     return model
 
@@ -335,11 +411,11 @@ def run(settings: LoadSettings, command: str = "dflash2 loadtest") -> dict:
         for clients in settings.concurrency:
             for mode in settings.modes:
                 server = servers[mode]
-                outcomes, wall = asyncio.run(run_level(server["url"], server["model"], prompts, clients,
-                                                       settings.max_tokens, settings.timeout_s, key))
-                row = summarise(mode, clients, outcomes, wall)
+                level = asyncio.run(run_level(server["url"], server["model"], prompts, clients, settings.max_tokens,
+                                              settings.timeout_s, key, settings.probe))
+                row = summarise(mode, clients, level)
                 rows.append(row)
-                answers[(mode, clients)] = outcomes
+                answers[(mode, clients)] = level.outcomes
                 print(f"# {mode} x{clients}: {row['requests_per_s']:.3f} req/s, {row['output_tokens_per_s']:.1f} "
                       f"tok/s, {row['errors']} errors", file=sys.stderr, flush=True)
     finally:
@@ -356,6 +432,13 @@ def run(settings: LoadSettings, command: str = "dflash2 loadtest") -> dict:
             "servers": servers, "rows": rows}
 
 
+def _probe_failures(probe: dict | None) -> int:
+    """Polls of /health that got no 200, and a big body the server did not answer at all."""
+    if not probe:
+        return 0
+    return probe["health"]["failures"] + int(bool(probe.get("big_body", {}).get("error")))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     settings = parse_settings(argv)
@@ -364,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     if settings.out:
         write_json(settings.out, results)
     print(markdown(results["rows"]))
-    bad = sum(r["errors"] + (r.get("mismatches") or 0) for r in results["rows"])
+    bad = sum(r["errors"] + (r.get("mismatches") or 0) + _probe_failures(r.get("probe")) for r in results["rows"])
     return 1 if bad else 0
 
 

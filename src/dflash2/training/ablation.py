@@ -161,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     arms = parse_list(args.arms, "--arms")
     unknown = [a for a in arms if a not in ARMS]
     require(not unknown, f"--arms: unknown arm '{unknown[0] if unknown else ''}' (choose from {', '.join(ARMS)})")
+    for flag, value in (("--concurrency", args.concurrency), ("--num-prompts", args.num_prompts),
+                        ("--t1-num-prompts", args.t1_num_prompts), ("--max-new-tokens", args.max_new_tokens)):
+        # the benches use these only after every arm has trained: check them before the first
+        require(value is None or value > 0, f"{flag} must be a positive integer, got {value}")
     check_inputs(load_config(args.config, args.overrides))  # bad config values and data fail here, before any training
     load_conversations(parse_list(args.datasets, "--datasets"), args.num_prompts)
     check_output(args.output)

@@ -57,7 +57,7 @@ from dflash2.training.features import FeatureSource, TargetSignals, cache_tag
 from dflash2.training.losses import LossOptions, LossStats, Teacher
 from dflash2.training.metrics_log import MetricsLog, plot_curves
 from dflash2.training.draft_step import DraftTrainStep, build_draft, clip_groups
-from dflash2.training.preflight import RUN_FILES, check_inputs, prepare_run_dir
+from dflash2.training.preflight import RUN_FILES, check_data_weights, check_inputs, prepare_run_dir
 from dflash2.training.weighting import step_share
 
 RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.log_every", "train.eval_every",
@@ -103,6 +103,7 @@ class Trainer:
         target_model = target_model.to(device).eval().requires_grad_(False)
         if train_sequences is None:
             require(bool(d.train), "config key 'data.train' must list at least one shard directory")
+            check_data_weights(cfg.target.name, target_model, [*d.train, *d.eval])
             train_sequences, self.data_counts = load_sequences(d.train, d.max_seq_len, d.exclude_holdout)
         else:
             train_sequences = [to_pair(ids, mask, d.max_seq_len) for ids, mask in train_sequences]
