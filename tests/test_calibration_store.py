@@ -94,3 +94,12 @@ def test_an_old_calibration_is_measured_again(work, measured, steady):
     _decode()
     assert len(measured) == 2
     assert time.time() - _stored(work)[1]["measured_at"] < 60
+
+
+@pytest.mark.parametrize("command", ["generate", "bench", "analyze", "yardstick", "serve"])
+def test_every_command_that_decodes_takes_recalibrate(command, capsys):
+    from dflash2.cli import main
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert "--recalibrate" in capsys.readouterr().out

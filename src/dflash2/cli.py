@@ -22,12 +22,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from dflash2.argparsing import OneLineParser, run_command
+from dflash2.argparsing import OneLineParser, add_recalibrate_argument, apply_recalibrate, run_command
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import refuse_existing_output
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape
@@ -73,8 +72,7 @@ def _generate_parser(sub) -> None:
                         "one expected to commit more); default: the draft's, plain decoding with --no-draft")
     p.add_argument("--compare", action="store_true", help="also run the autoregressive baseline and compare")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("--recalibrate", action="store_true",
-                   help="measure the cost model again instead of using the one stored for this machine and target")
+    add_recalibrate_argument(p)
 
 
 def _init_draft_parser(sub) -> None:
@@ -109,7 +107,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_generate(args) -> int:
-    from dflash2.decoding.calibration import RECALIBRATE_ENV
     from dflash2.decoding.engine import GenerationConfig
     from dflash2.pipeline import prepare_decoder
     from dflash2.targets.chat import encode_messages, encode_prompt
@@ -120,8 +117,7 @@ def cmd_generate(args) -> int:
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, block_size=args.block_size, seed=args.seed)
     config.validate()
-    if args.recalibrate:
-        os.environ[RECALIBRATE_ENV] = "1"
+    apply_recalibrate(args)
     if args.prompt is not None:
         require(args.prompt.strip() != "", "empty prompt: --prompt has no text")
     messages = read_messages(args.messages) if args.messages is not None else None

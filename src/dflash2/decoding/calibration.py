@@ -24,10 +24,9 @@ from pathlib import Path
 
 import torch
 
-from dflash2.cache import cache_dir
+from dflash2.cache import RECALIBRATE_ENV, cache_dir
 from dflash2.fileio import atomic_write
 
-RECALIBRATE_ENV = "DFLASH2_RECALIBRATE"
 MAX_AGE_S = 7 * 24 * 3600        # a stored calibration older than this is measured again
 FORMAT = 2
 
