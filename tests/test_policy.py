@@ -188,11 +188,14 @@ def test_an_observed_figure_replaces_the_calibrated_one_and_a_disagreement_makes
     assert not costs.stale()                                      # one pass is not enough to call it stale
     for _ in range(3):
         costs.observe_verify(1, 8, 0.050)
-    costs.observe_verify(1, 1, 0.041)
+    assert not costs.stale()                                      # one size seen: not enough to replace it with
+    for _ in range(4):
+        costs.observe_verify(1, 1, 0.041)
+    costs.observe_verify(1, 32, 0.090)
     assert costs.stale()
     table = costs.adopt_observed()
-    assert table == {(1, 8): pytest.approx(0.050)}   # a wrong calibration is dropped whole: what was seen enough
-    assert not costs.stale() and costs.verify(1, 1) == pytest.approx(0.041)
+    assert table == {(1, 1): pytest.approx(0.041), (1, 8): pytest.approx(0.050)}  # seen often enough; the rest
+    assert not costs.stale() and costs.verify(1, 32) == pytest.approx(0.090)      # of a wrong calibration is dropped
     assert costs.verify(1, 4, optimistic=True) <= costs.verify(1, 4)
 
 

@@ -26,7 +26,8 @@ Contract:
 - `stale()`: the calibration disagrees with what this run observed: some (b, q) observed at
   least `STALE_SAMPLES` times, at a batch size the calibration measured, differs from what the
   calibration alone predicts for it (its figure, or the interpolation) by more than `STALE_FACTOR`
-  either way. `adopt_observed()` replaces the calibration by the figures observed that often (a
+  either way, once the figures observed that often cover two pass sizes (enough to replace the
+  calibration: a stored one with fewer would be measured again). `adopt_observed()` replaces the calibration by the figures observed that often (a
   calibration found wrong is dropped whole, so `stale()` is False until the machine drifts again)
   and returns it, the table to store.
 """
@@ -70,6 +71,9 @@ class CostModel:
         self.calibrated_s.update(table)
 
     def stale(self) -> bool:
+        seen = [(b, q) for (b, q), n in self.observed_n.items() if n >= STALE_SAMPLES]
+        if len({b * q for b, q in seen}) < 2:
+            return False          # not yet enough observed to replace the calibration with
         calibrated_batches = {b for b, _ in self.calibrated_s}
         for (b, q), n in self.observed_n.items():
             if n >= STALE_SAMPLES and b in calibrated_batches:
