@@ -12,11 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
 
 from conftest import TEST_DEVICE, OracleDecoder, OracleProposer, with_speculation
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.proposer import Proposal
-from dflash2.decoding.recurrent import RecurrentLayer
+from dflash2.decoding.recurrent import RecurrentLayer, delta_rule_block
 from dflash2.decoding.verifier import TargetAdapter
 from dflash2.errors import DFlash2Error
 from dflash2.targets.tiny import HYBRID_FAMILIES, tiny_config, tiny_draft, tiny_target
@@ -43,10 +44,11 @@ def hybrids():
     return Hybrids()
 
 
-def hf_greedy(target, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
+def hf_greedy(target, prompt: list[int], new_tokens: int = NEW_TOKENS, eos=None) -> list[int]:
+    """The target's greedy continuation (with `eos`: up to and with the first of those ids)."""
     ids = torch.tensor([prompt], device=target.device)
     gen = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                          min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+                          min_new_tokens=1 if eos else new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
     return gen[0, len(prompt):].tolist()
 
 
@@ -108,6 +110,25 @@ def test_rows_rolled_back_to_every_block_position(hybrids, family, block_size):
     assert set(range(1, block_size)) <= committed        # n < block - 1 accepted: rolled back after n + 1
 
 
+@pytest.mark.parametrize("family", HYBRID_FAMILIES + ("lfm2_moe",))
+def test_batch_of_32_matches_hf_generate(hybrids, family):
+    """32 rows in one batch (prompts of 1 to 8 tokens, 8 new tokens, block 4): an oracle draft makes row r
+    accept (r + cycle) % 4 drafts, so in every cycle the rows roll back to different positions; on
+    qwen3_5 the random tiny draft too."""
+    target, draft, _, _ = hybrids[family]
+    g = torch.Generator().manual_seed(32)
+    prompts = [torch.randint(3, 127, (int(n),), generator=g).tolist() for n in torch.randint(1, 9, (32,), generator=g)]
+    expected = [hf_greedy(target, p, 8) for p in prompts]
+    config = GenerationConfig(max_new_tokens=8)
+    decoder = ChosenCountDecoder(TargetAdapter(target), prompts, expected, 4)
+    results = decoder.generate(prompts, config)
+    assert [r.tokens for r in results] == expected
+    assert {r.stats.committed_per_cycle[0] for r in results} == {1, 2, 3, 4}     # first cycle: 0..3 drafts kept
+    if family == "qwen3_5":
+        drafted = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft, speculate="always")
+        assert [r.tokens for r in drafted.generate(prompts, GenerationConfig(max_new_tokens=8, block_size=4))] == expected
+
+
 @pytest.mark.parametrize("family", HYBRID_FAMILIES)
 def test_always_wrong_draft_gives_one_token_per_cycle(hybrids, family):
     target, _, prompts, expected = hybrids[family]
@@ -158,7 +179,7 @@ def recurrent_state(adapter: TargetAdapter, row: int) -> list[torch.Tensor]:
     return states
 
 
-@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+@pytest.mark.parametrize("family", HYBRID_FAMILIES + ("lfm2_moe",))
 @pytest.mark.parametrize("q", [1, 6])
 def test_kept_state_equals_feeding_only_the_accepted_tokens(hybrids, family, q):
     """One step of q tokens on a batch of three prompts of different lengths, then each row keeps a
@@ -181,6 +202,23 @@ def test_kept_state_equals_feeding_only_the_accepted_tokens(hybrids, family, q):
         torch.testing.assert_close(batch_logits[r], logits[0], atol=1e-4, rtol=1e-4)
 
 
+def test_a_step_no_keep_followed_counts_as_all_kept(hybrids):
+    """A recurrent layer that begins a new step with the last one's trail still pending (no `keep`)
+    takes the state after all of its tokens, as `keep` of every token gives."""
+    target, _, prompts, _ = hybrids["qwen3_5"]
+    tokens = torch.randint(3, 127, (2, 5), generator=torch.Generator().manual_seed(4)).to(target.device)
+    kept, pending = TargetAdapter(target), TargetAdapter(target)
+    for adapter in (kept, pending):
+        adapter.prefill([prompts[5], prompts[6]])
+        adapter.step(tokens)
+    kept.keep(torch.tensor([5, 5]), 5)
+    for layer in pending.recurrent:
+        layer.begin_step(1)
+    for row in range(2):
+        for got, want in zip(recurrent_state(pending, row), recurrent_state(kept, row), strict=True):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
 def test_a_rolled_back_state_is_the_accepted_prefix_state(hybrids):
     """The states themselves (not only the logits), on the qwen3_5 tiny target: batch step of 6, keep
     (1, 4); each row's state equals a lone adapter's that stepped the same kept tokens."""
@@ -200,6 +238,34 @@ def test_a_rolled_back_state_is_the_accepted_prefix_state(hybrids):
         alone.keep(torch.tensor([n]), n)
         for got, want in zip(recurrent_state(batch, r), recurrent_state(alone, 0), strict=True):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_one_block_delta_rule_equals_the_token_by_token_rule(grouped):
+    """`delta_rule_block` against transformers' recurrent (one token at a time) rule: the outputs of a
+    block of 8, and the state after each n = 0..8 of its tokens rebuilt per row from the trail."""
+    g = torch.Generator().manual_seed(3)
+    b, q, heads, k_heads, k_dim, v_dim = 3, 8, 4, 2 if grouped else 4, 16, 8
+    query, key = (torch.randn(b, q, k_heads, k_dim, generator=g) for _ in range(2))
+    value = torch.randn(b, q, heads, v_dim, generator=g)
+    decay, beta = -torch.rand(b, q, heads, generator=g), torch.rand(b, q, heads, generator=g)
+    state = torch.randn(b, heads, k_dim, v_dim, generator=g)
+    out, trail = delta_rule_block(query, key, value, decay, beta, state, True)
+
+    def reference(n, rows=slice(None)):
+        return torch_recurrent_gated_delta_rule(query[rows, :n], key[rows, :n], value[rows, :n], decay[rows, :n],
+                                                beta[rows, :n], initial_state=state[rows], output_final_state=True,
+                                                use_qk_l2norm_in_kernel=True)
+
+    want_out, want_final = reference(q)
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(trail.state_after(torch.full((b,), q)), want_final, atol=1e-5, rtol=1e-5)
+    for n in range(q + 1):
+        counts = torch.tensor([n, (n + 3) % (q + 1), q - n])
+        rebuilt = trail.state_after(counts)
+        for r, count in enumerate(counts.tolist()):
+            want = reference(count, slice(r, r + 1))[1][0] if count else state[r]
+            torch.testing.assert_close(rebuilt[r], want, atol=1e-5, rtol=1e-5)
 
 
 def test_text_part_of_the_multimodal_model(hybrids):

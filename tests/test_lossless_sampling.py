@@ -254,3 +254,48 @@ def test_the_test_rejects_a_broken_rule_on_a_hybrid_target(hybrid_models, monkey
     monkeypatch.setattr(engine_module, "sample_accept", resample_from_p)
     pvalue = chi_square_pvalue(sample_triples(target, draft, SETTINGS[0]), exact_joint(target, SETTINGS[0]))
     assert pvalue < ALPHA, f"broken rule resample_from_p was not detected (p = {pvalue:.2e})"
+
+
+def _rows_beside_trees(target, draft, setting, greedy_prompt):
+    """SAMPLES sampled rows of PROMPT and 64 greedy rows of `greedy_prompt` in one batch, every
+    greedy row that can verifying the draft's and lookup's branches as a tree (`TreePolicy`):
+    the sampled rows then verify one branch in the same tree-masked passes."""
+    from test_tree import TreePolicy
+
+    decoder = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft, proposer="hybrid")
+    decoder.policy = TreePolicy(seed=5)
+    session = decoder.session()
+    sampled = session.add([PROMPT] * SAMPLES, GenerationConfig(max_new_tokens=3, seed=13, **setting))
+    greedy = session.add([greedy_prompt] * 64, GenerationConfig(max_new_tokens=3))
+    results = {}
+    while session:
+        for event in session.step():
+            if event.result is not None:
+                results[event.key] = event.result
+    assert sum(results[k].stats.tree_cycles for k in greedy) > 0, "no tree was verified: the test does not test trees"
+    triples = np.array([results[k].tokens for k in sampled])
+    return triples[:, 0] * VOCAB * VOCAB + triples[:, 1] * VOCAB + triples[:, 2], [results[k].tokens for k in greedy]
+
+
+GREEDY_PROMPT = [2, 4, 7, 2, 4, 7, 2, 4]     # repeats itself: lookup proposes, so greedy rows get trees
+
+
+def test_sampled_rows_beside_trees_match_the_target_distribution(models):
+    """Trees are for greedy rows; sampled rows in the same passes stay exact (and greedy rows are
+    the target's greedy output)."""
+    target, draft = models
+    setting = SETTINGS[0]
+    cells, greedy = _rows_beside_trees(target, draft, setting, GREEDY_PROMPT)
+    ids = torch.tensor([GREEDY_PROMPT], device=target.device)
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, min_new_tokens=3,
+                               do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(GREEDY_PROMPT):].tolist()
+    assert all(tokens == expected for tokens in greedy)
+    assert chi_square_pvalue(cells, exact_joint(target, setting)) > ALPHA
+
+
+def test_the_test_rejects_a_broken_rule_beside_trees(models, monkeypatch):
+    target, draft = models
+    monkeypatch.setattr(engine_module, "sample_accept", resample_from_p)
+    cells, _ = _rows_beside_trees(target, draft, SETTINGS[0], GREEDY_PROMPT)
+    pvalue = chi_square_pvalue(cells, exact_joint(target, SETTINGS[0]))
+    assert pvalue < ALPHA, f"broken rule resample_from_p was not detected beside trees (p = {pvalue:.2e})"

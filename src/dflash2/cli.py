@@ -69,7 +69,8 @@ def _generate_parser(sub) -> None:
     p.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid"),
                    help="where proposed tokens come from: draft (the draft model), lookup (what followed the latest "
                         "tokens earlier in the prompt and output; loads no draft), hybrid (both, per row per cycle the "
-                        "one expected to commit more); default: the draft's, plain decoding with --no-draft")
+                        "one expected to commit more, or both as a tree); default: hybrid, plain decoding with "
+                        "--no-draft")
     p.add_argument("--compare", action="store_true", help="also run the autoregressive baseline and compare")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_recalibrate_argument(p)
@@ -212,6 +213,7 @@ def _report(pipe, result) -> dict:
         "position_acceptance": stats["position_acceptance"], "phase_seconds": timing.phase_seconds,
         "speculate": pipe.decoder.speculate, "draft": pipe.draft_description, "proposer": pipe.decoder.proposer,
         "cycles_by_source": stats["cycles_by_source"], "accepted_by_source": stats["accepted_by_source"],
+        "tree_cycles": stats["tree_cycles"], "tree_extra_tokens": stats["tree_extra_tokens"],
     }
 
 
@@ -226,6 +228,9 @@ def _print_report(report: dict) -> None:
         sources = " ".join(f"{k} {report['accepted_by_source'][k]} in {n} cycles"
                            for k, n in report["cycles_by_source"].items())
         print(f"accepted proposed tokens: {sources}")
+    if report["tree_cycles"]:
+        print(f"tree cycles (draft and lookup in one pass): {report['tree_cycles']} "
+              f"({report['tree_extra_tokens']} extra tokens verified)")
     if report["cycles"]:
         lengths = " ".join(f"{k}:{v}" for k, v in report["draft_lengths"].items())
         print(f"drafts verified per cycle: {report['drafts_verified_per_cycle']:.2f} (lengths {lengths})")

@@ -6,7 +6,10 @@ Contract:
   from: `draft` (the draft model's block), `lookup` (`decoding.lookup`: what followed the row's
   latest tokens in its own prompt and output, and in `suffix_store`'s recent requests when one is
   shared; no draft needed), `hybrid` (both, each row of each cycle verifying the source the policy
-  expects to commit more; every row verifies its own block in the same target pass). `None`:
+  expects to commit more, or both as a token tree (`decoding.tree`: one target pass, a tree
+  attention mask, the losing branch's cache slots holed out) on attention-only targets for greedy
+  rows; every row verifies its own block in the same target pass; sliding-window and hybrid
+  recurrent targets, and sampled rows, verify one path). `None`:
   `draft` with a draft, else no proposer: with neither (or `speculate="never"`) the same loop
   decodes autoregressively, one target step per token: the honest baseline. `speculate` is a
   `policy.SPECULATE_MODES` value: `auto` verifies only as many proposed tokens as pay for
@@ -35,6 +38,7 @@ from typing import Iterator
 import torch
 
 from dflash2.decoding.acceptance import greedy_accept, sample_accept, target_probs
+from dflash2.decoding.block import VerifyBlock
 from dflash2.decoding.calibration import StoredCalibration, calibrate_cached
 from dflash2.decoding.context import check_context, effective_block_size
 from dflash2.decoding.lookup import Lookup, LookupProposer, SuffixStore
@@ -43,6 +47,7 @@ from dflash2.decoding.proposer import DraftProposer, Proposal
 from dflash2.decoding.sampling import RowSampling
 from dflash2.decoding.stats import BatchTiming, Commit, RowStats
 from dflash2.decoding.timing import CycleTimer, Stopwatch
+from dflash2.decoding.tree import kept_nodes, pack_tree, path_nodes, tree_greedy_accept, tree_nodes
 from dflash2.decoding.verifier import TargetAdapter
 from dflash2.errors import require
 from dflash2.model.draft import DFlash2DraftModel
@@ -280,30 +285,38 @@ class DecodeSession:
                 proposal = self.proposer.propose(self.anchors, start, self.block, self.sampling.temperature,
                                                  self.sampling.seed)
             self.policy.drafted(b, timer.seconds["draft"])
-            offer = Offer.of(offer.greedy, _confidence(proposal), offer.lookup)
+            offer = Offer.of(offer.greedy, _confidence(proposal), offer.lookup, self._shared(proposal, lookups))
         with self.watch("policy"):
             choice = self.policy.choose(b, offer, self.block, plan.probe) if offer.sources() else _nothing(b)
-        drafts, q = self._assemble(choice, proposal, lookups)      # [b, k], [b, k, V] or None
-        verified = [min(n, self.decoder.block_size(r.config) - 1) for n, r in zip(choice.lengths, self.rows)]
+        block = self._assemble(choice, proposal, lookups)
         with timer("verify", phase="verify"):
-            logits, features = self.target.step(torch.cat([self.anchors[:, None], drafts], dim=1))
+            if block.tree is None:
+                logits, features = self.target.step(block.ids)
+            else:
+                logits, features = self.target.step_tree(block.ids, block.tree.depth, block.tree.visible)
         with self.watch("accept"):
-            limits = torch.tensor(verified, dtype=torch.long, device=drafts.device)
-            accepted, bonus = self._accept(drafts, logits, q, limits, start)
+            accepted, bonus, branch, per_branch = self._accept(block, logits, start)
             counts = accepted + 1                                  # anchor + accepted drafts enter the cache
         with self.watch("realign"):                                # roll back rejected slots, re-align rows
-            self.target.keep(counts, drafts.shape[1] + 1)
+            if block.tree is None:
+                self.target.keep(counts, block.width)
+            else:                                                  # the winning path stays, the rest is holed out
+                self.target.keep_nodes(kept_nodes(block.tree, branch, accepted))
+                if features is not None:                           # the winning path's features, in order
+                    nodes = path_nodes(block.tree, branch)                                      # [b, L + 1]
+                    features = features.gather(1, nodes[:, :, None].expand(-1, -1, features.shape[-1]))
             if self.proposer is not None:
                 self.proposer.append(features, counts, start, defer=proposal is None)
         with self.watch("host"):                                   # one host copy per tensor, not per row
-            accepted_list, drafts_list, bonus_list = accepted.tolist(), drafts.tolist(), bonus.tolist()
-            commits = [Commit(drafts_list[r][:n] + [bonus_list[r]], n, verified[r], choice.sources[r])
-                       for r, n in enumerate(accepted_list)]
+            accepted_list, bonus_list = accepted.tolist(), bonus.tolist()
+            branch_list = [0] * b if branch is None else branch.tolist()
+            commits = [block.commit(r, n, branch_list[r], bonus_list[r]) for r, n in enumerate(accepted_list)]
             if self.lookup is not None:
                 self.lookup.extend([c.tokens for c in commits])
         self.anchors = bonus
-        record = CycleRecord(b, offer, choice, proposal is not None, plan.probe, verified, accepted_list,
-                             drafts.shape[1] + 1, timer.seconds["draft"], timer.seconds["verify"])
+        record = CycleRecord(b, offer, choice, proposal is not None, plan.probe, block.verified, accepted_list,
+                             block.width, timer.seconds["draft"], timer.seconds["verify"],
+                             branch_accepted=block.branch_accepted(per_branch))
         record.host_seconds = timer.wall() - record.draft_seconds - record.verify_seconds
         with self.watch("policy"):
             self.policy.observe(record)
@@ -323,20 +336,55 @@ class DecodeSession:
             lookups = self.lookup.propose(self.block - 1)
         return lookups, Offer.of(greedy, lookup=[found.confidence for found in lookups])
 
-    def _assemble(self, choice: Choice, proposal: Proposal | None,
-                  lookups: list[Lookup] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The block each row verifies: its chosen source's first k tokens -> drafts [b, k] (rows
-        verifying fewer are padded; their limit stops acceptance), and q [b, k, V] when the draft
-        sampled (a lookup row's q is one-hot: a point-mass draft); None: every q is one-hot."""
-        k, device = choice.k, self.anchors.device
-        drafts = proposal.tokens[:, :k].clone() if proposal is not None else self.anchors.new_zeros(len(self.rows), k)
-        q = proposal.q[:, :k].clone() if proposal is not None and proposal.q is not None else None
+    def _shared(self, proposal: Proposal, lookups: list[Lookup] | None) -> list[int | None] | None:
+        """Per row, the tokens the draft's and lookup's proposals share at their start, where both
+        may be verified as one tree (a target that can verify trees, a lookup match); else None."""
+        if lookups is None or not self.target.supports_trees:
+            return None
+        shared = []
+        for draft, found in zip(proposal.tokens.tolist(), lookups):
+            n = 0
+            while n < min(len(draft), len(found.tokens)) and draft[n] == found.tokens[n]:
+                n += 1
+            shared.append(n if found.tokens else None)
+        return shared
+
+    def _assemble(self, choice: Choice, proposal: Proposal | None, lookups: list[Lookup] | None) -> VerifyBlock:
+        """What each row verifies this cycle: its chosen source's first tokens (a tree: the draft's
+        and lookup's branches), capped at the row's own block size."""
+        device, b = self.anchors.device, len(self.rows)
+        draft_rows = proposal.tokens.tolist() if proposal is not None else [[] for _ in range(b)]
+        branches, sources = [], []
         for r, (source, n) in enumerate(zip(choice.sources, choice.lengths)):
-            if source == "lookup":
-                drafts[r, :n] = torch.tensor(lookups[r].tokens[:n], dtype=torch.long, device=device)
-                if q is not None:
-                    q[r] = torch.zeros_like(q[r]).scatter_(-1, drafts[r].unsqueeze(-1), 1.0)
-        return drafts, q
+            limit = self.decoder.block_size(self.rows[r].config) - 1
+            if source == "tree":
+                n_draft, n_lookup = choice.branches[r]
+                branches.append([draft_rows[r][:min(n_draft, limit)], lookups[r].tokens[:min(n_lookup, limit)]])
+                sources.append(("draft", "lookup"))
+            else:
+                tokens = lookups[r].tokens if source == "lookup" else draft_rows[r]
+                branches.append([tokens[:min(n, limit)]] if source else [])
+                sources.append((source,))
+        verified = [tree_nodes(row) for row in branches]
+        limits = torch.tensor([len(row[0]) if row else 0 for row in branches], dtype=torch.long, device=device)
+        if choice.has_tree:
+            tree = pack_tree(self.anchors.tolist(), branches, 1 + max(verified), device)
+            ids = tree.ids
+        else:   # rows verifying fewer than k tokens are padded with the draft's (their limit stops acceptance)
+            tree, k = None, choice.k
+            drafts = proposal.tokens[:, :k].clone() if proposal is not None else self.anchors.new_zeros(b, k)
+            for r, (source, n) in enumerate(zip(choice.sources, choice.lengths)):
+                if source == "lookup":
+                    drafts[r, :n] = torch.tensor(lookups[r].tokens[:n], dtype=torch.long, device=device)
+            ids = torch.cat([self.anchors[:, None], drafts], dim=1)                        # [b, k + 1]
+        q = None
+        if proposal is not None and proposal.q is not None:   # one-hot q: a point-mass draft (lookup, padding)
+            q = torch.zeros(b, ids.shape[1] - 1, proposal.q.shape[-1], device=device).scatter_(-1, ids[:, 1:, None], 1.0)
+            for r, source in enumerate(choice.sources):
+                if source == "draft":
+                    n = int(limits[r])
+                    q[r, :n] = proposal.q[r, :n]
+        return VerifyBlock(ids, q, limits, branches, sources, verified, tree)
 
     def _pick(self, logits: torch.Tensor, sampling: RowSampling, positions: torch.Tensor) -> torch.Tensor:
         """One target token per row from logits [n, V]: argmax, or a sample from the processed p."""
@@ -346,22 +394,30 @@ class DecodeSession:
         p = target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
         return torch.where(sampling.greedy, argmax, sample_from(p, uniforms(sampling.seed, positions, TOKEN)))
 
-    def _accept(self, drafts, logits, q, limits, start) -> tuple[torch.Tensor, torch.Tensor]:
-        """drafts [b, T], target logits [b, T+1, V] -> (accepted count [b], next token [b])."""
+    def _accept(self, block: VerifyBlock, logits: torch.Tensor, start: torch.Tensor):
+        """logits [b, W, V] -> (accepted [b], next token [b], winning branch [b] or None, accepted per
+        branch [b, n] or None). Greedy rows of a tree take `tree_greedy_accept`; every other row
+        verifies the linear path at nodes 1..limit."""
+        drafts, limits = block.ids[:, 1:], block.limits
         rows = torch.arange(drafts.shape[0], device=drafts.device)
-        target_argmax = logits.argmax(dim=-1)
-        accepted = greedy_accept(drafts, target_argmax, limits)
-        bonus = target_argmax[rows, accepted]
+        target_argmax = logits.argmax(dim=-1)                                              # [b, W]
+        if block.tree is None:
+            accepted = greedy_accept(drafts, target_argmax, limits)
+            bonus, branch, per_branch = target_argmax[rows, accepted], None, None
+        else:
+            outcome = tree_greedy_accept(block.tree, target_argmax)
+            accepted, bonus, branch, per_branch = outcome.accepted, outcome.bonus, outcome.branch, outcome.per_branch
         s = self.sampling
         if s.all_greedy:
-            return accepted, bonus
+            return accepted, bonus, branch, per_branch
         p = target_probs(logits, s.temperature, s.top_k, s.top_p)
-        if q is None:  # a deterministic draft is the special case q = one-hot
-            q = torch.zeros_like(p[:, :-1]).scatter_(-1, drafts.unsqueeze(-1), 1.0)
-        decided = start[:, None] + 1 + torch.arange(drafts.shape[1] + 1, device=drafts.device)  # [b, T+1]
+        q = block.q if block.q is not None else torch.zeros_like(p[:, :-1]).scatter_(-1, drafts.unsqueeze(-1), 1.0)
+        decided = start[:, None] + 1 + torch.arange(drafts.shape[1] + 1, device=drafts.device)  # [b, W]
         sampled, token = sample_accept(drafts, p, q, uniforms(s.seed, decided[:, :-1], ACCEPT),
                                        uniforms(s.seed, decided, TOKEN), limits)
-        return torch.where(s.greedy, accepted, sampled), torch.where(s.greedy, bonus, token)
+        if branch is not None:   # sampled rows verify one branch, the first
+            branch = torch.where(s.greedy, branch, torch.zeros_like(branch))
+        return torch.where(s.greedy, accepted, sampled), torch.where(s.greedy, bonus, token), branch, per_branch
 
     def _commit(self, rows: list[_Row], commits: list[Commit], first_token: bool = False) -> list[Event]:
         """Add each row's tokens (cut at a stop token or max_new_tokens), record its statistics,
@@ -369,10 +425,10 @@ class DecodeSession:
         events, finished = [], []
         for index, (row, commit) in enumerate(zip(rows, commits)):
             tokens, reason = _truncate(commit.tokens, row.output, row.config, row.stop_ids)
-            commit = Commit(tokens, min(commit.accepted, len(tokens)), commit.drafted, commit.source)
+            commit = Commit(tokens, min(commit.accepted, len(tokens)), commit.drafted, commit.source, commit.tree_extra)
             row.output += tokens
             if not first_token:  # the prefill's token is not a verification pass
-                row.stats.record_cycle(commit.drafted, len(tokens), commit.accepted, commit.source)
+                row.stats.record_cycle(commit.drafted, len(tokens), commit.accepted, commit.source, commit.tree_extra)
             result = None
             if reason is not None:
                 row.stats.new_tokens = len(row.output)

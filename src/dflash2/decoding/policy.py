@@ -25,7 +25,11 @@ Contract:
   that figures this run has not observed -- a calibration stored or measured under another load --
   cannot rule speculation out without it being measured). Plain decoding's rate is
   b / (t_verify(b, 1) + t_host). Rows of one pass may verify different sources and lengths: each
-  row's block is its own. `choose_length(b, confidence, greedy, block, probe)` is `choose` for
+  row's block is its own. A third option per row, when the offer says where the draft's and
+  lookup's tokens stop agreeing (`Offer.shared`: greedy rows of a target that can verify trees),
+  is both as a tree (`tree_options`: the shared prefix once, then both branches; at most one of
+  the two diverging tokens can be accepted): its expected tokens against its width, the nodes
+  it adds to the pass, priced by the same per-token verify cost (k may then exceed block - 1). `choose_length(b, confidence, greedy, block, probe)` is `choose` for
   the draft alone. A sampled row's draft confidence is never seen (`Offer.of`): a choice that
   depends on a random draw biases the output.
 - `worth_drafting(b, offer, block)`: with the lookup offer in hand, before the draft pass, whether
@@ -132,17 +136,22 @@ class Offer:
     greedy: list[bool]
     draft: list[list[float]] | None = None
     lookup: list[list[float]] | None = None
+    shared: list[int | None] | None = None   # per row: tokens the draft and lookup proposals share
+                                             # at their start, where both may be verified as a tree
 
     @classmethod
     def of(cls, greedy: list[bool], draft: list[list[float]] | None = None,
-           lookup: list[list[float]] | None = None) -> "Offer":
+           lookup: list[list[float]] | None = None, shared: list[int | None] | None = None) -> "Offer":
         """A sampled row's draft tokens were drawn at random: choosing by their confidence would
         make the choice depend on the draw, which biases the output (the acceptance rule is exact
         for a proposal chosen independently of it). Those rows offer a constant instead, so the
-        policy learns their mean acceptance. Lookup tokens are not drawn: they are seen as they are."""
+        policy learns their mean acceptance. Lookup tokens are not drawn: they are seen as they are.
+        Trees are for greedy rows only (where draft and lookup agree depends on a sampled draw)."""
         if draft is not None:
             draft = [c if g else [SAMPLED_DRAFT_CONFIDENCE] * len(c) for c, g in zip(draft, greedy)]
-        return cls(greedy, draft, lookup)
+        if shared is not None:
+            shared = [s if g else None for s, g in zip(shared, greedy)]
+        return cls(greedy, draft, lookup, shared)
 
     def sources(self) -> list[tuple[str, list[list[float]]]]:
         return [(name, c) for name, c in zip(SOURCES, (self.draft, self.lookup)) if c is not None]
@@ -151,16 +160,60 @@ class Offer:
         return Offer(self.greedy, None, self.lookup)
 
 
+def tree_options(draft: list[float], lookup: list[float], shared: int) -> list[tuple[float, int, int, int]]:
+    """A row's draft and lookup branches verified together as a tree, sharing their first `shared`
+    tokens; `draft` / `lookup` are each token's acceptance probability given it was reached. ->
+    per tree width w (nodes below the anchor) the best (expected tokens, nodes, draft length, lookup
+    length) of at most w nodes; (0.0, 0, 0, 0) where no tree fits. Shared tokens count with the likelier source's
+    probability; at the divergence the two tokens differ, so at most one is accepted: their
+    probabilities are scaled to sum to at most 1. Empty when one branch is a prefix of the other
+    (the longer path is then the whole tree)."""
+    if shared >= min(len(draft), len(lookup)):
+        return []
+    reach, base = 1.0, 1.0
+    for a, c in zip(draft[:shared], lookup[:shared]):
+        reach *= max(a, c)
+        base += reach
+    both = draft[shared] + lookup[shared]
+    start = reach / both if both > 1 else reach
+
+    def gains(p: list[float]) -> list[float]:     # expected tokens from the first j divergent nodes
+        out, r = [0.0], start
+        for a in p[shared:]:
+            r *= a
+            out.append(out[-1] + r)
+        return out
+
+    draft_gain, lookup_gain = gains(draft), gains(lookup)
+    best = [(0.0, 0, 0, 0)] * (len(draft) + len(lookup) - shared + 1)
+    for i in range(1, len(draft_gain)):
+        for j in range(1, len(lookup_gain)):
+            expected = base + draft_gain[i] + lookup_gain[j]
+            if expected > best[shared + i + j][0]:
+                best[shared + i + j] = (expected, shared + i + j, shared + i, shared + j)
+    for w in range(1, len(best)):
+        if best[w - 1][0] > best[w][0]:
+            best[w] = best[w - 1]
+    return best
+
+
 @dataclass(frozen=True)
 class Choice:
     """What one cycle verifies: room for k drafts a row (the pass runs k + 1 tokens a row), each
-    row's source ("draft", "lookup"; "" for none) and number of drafts verified (<= k), the expected
-    tokens this commits summed over the rows, and the rate (tokens per second) that gives."""
+    row's source ("draft", "lookup", "tree" for both as a tree; "" for none) and number of tokens
+    verified (<= k; a tree's nodes below the anchor), the expected tokens this commits summed over
+    the rows, and the rate (tokens per second) that gives. `branches`: per row the draft and lookup
+    lengths of its tree ((0, 0) for rows without one; empty when no row has one)."""
     k: int
     expected: float
     rate: float
     sources: tuple[str, ...] = ()
     lengths: tuple[int, ...] = ()
+    branches: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def has_tree(self) -> bool:
+        return "tree" in self.sources
 
 
 @dataclass
@@ -179,6 +232,7 @@ class CycleRecord:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     host_seconds: float = 0.0
+    branch_accepted: dict[int, tuple[int, int]] = field(default_factory=dict)  # tree row -> (draft, lookup) accepted
 
     @property
     def seconds(self) -> float:
@@ -243,36 +297,58 @@ class SpeculationPolicy:
         return ((self.costs.draft(b) if drafted else 0.0) + self.costs.verify(b, k + 1, optimistic)
                 + self.costs.host(b, True))
 
-    def _expectations(self, offer: Offer, optimism: float = 0.0) -> dict[str, list[list[float]]]:
-        """source -> per row [E(0), ..., E(T)]: the draft's at `optimism` (its bound in a probe),
-        lookup's always at the policy's optimism: it costs no pass, so it explores every cycle, and
-        its bound tightens to its mean as its bins fill."""
-        return {name: [expectations_by_length(self._table(name).probabilities(
-                           c, g, optimism if name == "draft" else self.optimism))
+    def _probabilities(self, offer: Offer, optimism: float = 0.0) -> dict[str, list[list[float]]]:
+        """source -> per row the acceptance probability of each token: the draft's at `optimism`
+        (its bound in a probe), lookup's always at the policy's optimism: it costs no pass, so it
+        explores every cycle, and its bound tightens to its mean as its bins fill."""
+        return {name: [self._table(name).probabilities(c, g, optimism if name == "draft" else self.optimism)
                        for c, g in zip(confidence, offer.greedy)]
                 for name, confidence in offer.sources()}
 
+    def _expectations(self, offer: Offer, optimism: float = 0.0) -> dict[str, list[list[float]]]:
+        """source -> per row [E(0), ..., E(T)] (see `_probabilities`)."""
+        return {name: [expectations_by_length(p) for p in rows]
+                for name, rows in self._probabilities(offer, optimism).items()}
+
+    def _trees(self, offer: Offer, optimism: float = 0.0) -> list[list[tuple[float, int, int, int]]] | None:
+        """Per row its `tree_options` (empty: no tree), None when no row may verify a tree."""
+        if offer.shared is None or offer.draft is None or offer.lookup is None:
+            return None
+        p = self._probabilities(offer, optimism)
+        trees = [tree_options(d, l, s) if s is not None and d and l else []
+                 for d, l, s in zip(p["draft"], p["lookup"], offer.shared)]
+        return trees if any(trees) else None
+
     def _best(self, b: int, expectations: dict[str, list[list[float]]], drafts: int, drafted: bool,
-              every: bool = False, optimistic: bool = False) -> Choice:
-        """The k (0..drafts) of the highest rate, each row taking its best source at k; `every`:
-        k = drafts, every row verifying all that its best source offers; `optimistic`: at the cost
-        model's optimistic figures (a probe's)."""
+              every: bool = False, trees: list[list[tuple[float, int, int, int]]] | None = None,
+              optimistic: bool = False) -> Choice:
+        """The k (0..drafts, or up to the widest tree) of the highest rate, each row taking its best
+        source at k (a tree of at most k nodes included, its width priced like any verified token);
+        `every`: the largest k, every row verifying all that its best option offers; `optimistic`: at
+        the cost model's optimistic figures (a probe's)."""
+        room = max([drafts] + [len(t) - 1 for t in trees or []])
         best = Choice(0, 0.0, -1.0)
-        for k in ([drafts] if every else range(drafts + 1)):
-            expected, sources, lengths = 0.0, [], []
+        for k in ([room] if every else range(room + 1)):
+            expected, sources, lengths, branches = 0.0, [], [], []
             for r in range(b):
-                row_best, source, length = (-1.0 if every else 1.0), "", 0
+                row_best, source, length, branch = (-1.0 if every else 1.0), "", 0, (0, 0)
                 for name, rows in expectations.items():
-                    n = min(k, len(rows[r]) - 1)
+                    n = min(k, drafts, len(rows[r]) - 1)
                     if rows[r][n] > row_best and n > 0:
                         row_best, source, length = rows[r][n], name, n
+                if trees and trees[r]:
+                    tree_expected, nodes, n_draft, n_lookup = trees[r][min(k, len(trees[r]) - 1)]
+                    if tree_expected > row_best and nodes:
+                        row_best, source, length, branch = tree_expected, "tree", nodes, (n_draft, n_lookup)
                 expected += max(row_best, 1.0)
                 sources.append(source)
                 lengths.append(length)
+                branches.append(branch)
             width = max(lengths, default=0)
             rate = expected / max(self.cycle_seconds(b, width, drafted, optimistic), 1e-9)
             if rate > best.rate:
-                best = Choice(width, expected, rate, tuple(sources), tuple(lengths))
+                best = Choice(width, expected, rate, tuple(sources), tuple(lengths),
+                              tuple(branches) if "tree" in sources else ())
         return best
 
     def _pays(self, rate: float, without: float) -> bool:
@@ -298,11 +374,12 @@ class SpeculationPolicy:
         drafts = block - 1
         drafted = offer.draft is not None
         if self.mode == "always":
-            return self._best(b, self._expectations(offer), drafts, drafted, every=True)
+            return self._best(b, self._expectations(offer), drafts, drafted, every=True, trees=self._trees(offer))
         if not drafted:                          # lookup alone, or nothing
             return self._lookup_choice(b, offer, drafts)
-        expectations = self._expectations(offer, self.optimism if probe else 0.0)
-        choice = self._best(b, expectations, drafts, True, optimistic=probe)
+        optimism = self.optimism if probe else 0.0
+        expectations = self._expectations(offer, optimism)
+        choice = self._best(b, expectations, drafts, True, trees=self._trees(offer, optimism), optimistic=probe)
         without = self._best(b, {n: e for n, e in expectations.items() if n != "draft"}, drafts, False,
                              optimistic=probe)
         if not probe:
@@ -379,7 +456,10 @@ class SpeculationPolicy:
         self.costs.observe_host(b, record.drafted or record.width > 1, record.host_seconds)
         offered = dict(offer.sources())
         for r, (source, verified, accepted) in enumerate(zip(choice.sources, record.verified, record.accepted)):
-            if source and verified:
+            if source == "tree":                 # each branch calibrates its own source
+                for name, length, branch_accepted in zip(SOURCES, choice.branches[r], record.branch_accepted[r]):
+                    self._table(name).observe(offered[name][r], offer.greedy[r], length, branch_accepted)
+            elif source and verified:
                 self._table(source).observe(offered[source][r], offer.greedy[r], verified, accepted)
         if record.probe and record.drafted and self.mode == "auto" and self.plain_left == 0:
             self.probing = False               # judge the probe with what it just measured

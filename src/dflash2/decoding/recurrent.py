@@ -11,14 +11,19 @@ Contract:
   `LinearAttentionLayer`, so the HF mixers use it unchanged). `adopt(cache)` puts one in place of every
   linear-attention cache layer of a `DynamicCache` and returns them.
 - Mechanism: capture during the verify pass. Inside `capturing()` (the adapter's multi-token steps) the
-  delta rule of every Gated DeltaNet layer runs token by token and keeps the state after each of the q
-  positions, and each conv layer keeps its whole input window [b, C, K + q] (K = kernel width).
-  `keep(layers, counts)` then sets row r's state to the one after its counts[r]-th token (counts >= 1):
-  one pick per row, no second forward pass over the accepted tokens. Capture, not replay (re-running the
-  accepted tokens' rank-1 updates from the pre-step state): replay would redo up to the whole verify's
-  recurrence on every cycle, while the token-by-token loop already produces every intermediate state,
-  so keeping them costs only memory (q states per row and layer until `keep`) and the roll-back is a
-  copy of b states. Outside `capturing()` (prefills, training, `generate()`) the model's own kernels run.
+  delta rule of every Gated DeltaNet layer is solved for the whole block at once (`delta_rule_block`: one
+  chunk of q tokens, no padding) and leaves a `DeltaTrail`: the start state, the step's keys, its
+  per-position corrections (deltas) and cumulative decays, from which the state after any n <= q tokens
+  is one rank-n update of the start state. Each conv layer keeps its whole input window [b, C, K + q]
+  (K = kernel width). `keep(layers, counts)` then sets row r's state to the one after its counts[r]-th
+  token (counts >= 1): one rebuild (a reference when every row kept none), written into a buffer
+  reused from the cycle before (the state it replaces), no second forward pass over the accepted
+  tokens; a step that no `keep` followed counts as all kept. Capture, not replay (re-running the accepted tokens from the
+  pre-step state): the deltas are what the verify pass computes anyway, so keeping them costs q
+  vectors per head and the roll-back one pass over each row's state; and not the q states themselves
+  (a token-by-token loop that keeps each position's state reads and writes the [H, K, V] state about
+  three times per token: a bf16 verify then took 8 % longer than the model's chunked kernel). Outside
+  `capturing()` (prefills, training, `generate()`) the model's own kernels run.
 - `begin_step(q)` notes the state a step starts from, so `keep` can also keep 0 tokens. Steps of one
   token (plain decoding) capture nothing and use HF's fast path (only the [b, C, K] conv window is copied).
 - Left padding cannot reach the state: HF zeroes padded positions before the mixers, and with no
@@ -33,6 +38,7 @@ import contextvars
 import functools
 import importlib.util
 import sys
+from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import DynamicCache, LinearAttentionLayer
@@ -48,10 +54,10 @@ _capture: contextvars.ContextVar["_Capture | None"] = contextvars.ContextVar("df
 
 
 class _Capture:
-    """The states the current layer's delta rule left, waiting for its `update_recurrent_state`."""
+    """The trail the current layer's delta rule left, waiting for its `update_recurrent_state`."""
 
     def __init__(self) -> None:
-        self.trail: list[torch.Tensor] | None = None
+        self.trail: DeltaTrail | None = None
 
 
 @contextlib.contextmanager
@@ -99,8 +105,8 @@ def _install_rule(decoder_layer, model_type: str) -> None:
 
 
 class _CapturingRule:
-    """The model's own chunked delta rule, except inside `capturing()`, where `delta_rule_trail` runs and
-    leaves the per-position states for the layer's cache."""
+    """The model's own chunked delta rule, except inside `capturing()`, where `delta_rule_block` runs and
+    leaves its `DeltaTrail` for the layer's cache."""
 
     def __init__(self, original) -> None:
         self.original = original
@@ -112,39 +118,73 @@ class _CapturingRule:
             return self.original(query, key, value, g=g, beta=beta, chunk_size=chunk_size, initial_state=initial_state,
                                  output_final_state=output_final_state,
                                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
-        out, trail = delta_rule_trail(query, key, value, g, beta, initial_state, use_qk_l2norm_in_kernel)
+        out, trail = delta_rule_block(query, key, value, g, beta, initial_state, use_qk_l2norm_in_kernel)
         capture.trail = trail
-        return out, trail[-1]
+        return out, trail.start              # the layer's state stays the start one until `keep` rebuilds it
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
 
 
-def delta_rule_trail(query, key, value, g, beta, state, l2norm: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The gated delta rule token by token. query/key [b, q, Hk, K], value [b, q, H, V], g/beta [b, q, H],
-    state [b, H, K, V] -> (output [b, q, H, V] in value's dtype, the fp32 state after each position: q x
-    [b, H, K, V])."""
+@dataclass
+class DeltaTrail:
+    """What a step of q tokens leaves so that the state after any n <= q of them can be rebuilt:
+    S_n = exp(G_n) S_0 + sum_{t < n} exp(G_n - G_t) k_t^T delta_t (the delta rule unrolled), with G the
+    cumulative log decay and delta_t the step's per-position corrections. fp32, heads grouped out."""
+
+    start: torch.Tensor         # [b, H, K, V] the state before the step
+    keys: torch.Tensor          # [b, H, q, K] (normalised)
+    deltas: torch.Tensor        # [b, H, q, V]
+    log_decay: torch.Tensor     # [b, H, q] G_t = g_0 + .. + g_t
+
+    def state_after(self, counts: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """counts [b] (0..q) -> each row's state after its first counts[r] tokens [b, H, K, V]: a decayed
+        copy of the start state plus one rank-q update per row, written into `out` when given (a buffer
+        of the start's shape and dtype: a fresh one of that size costs more than the arithmetic, since
+        its pages are new to the process)."""
+        n = counts.to(self.log_decay.device).view(-1, 1, 1)                                  # [b, 1, 1]
+        heads = self.log_decay.shape[1]
+        last = self.log_decay.gather(2, (n - 1).clamp(min=0).expand(-1, heads, 1))          # [b, H, 1] G_{n-1}
+        last = torch.where(n > 0, last, torch.zeros_like(last))
+        position = torch.arange(self.log_decay.shape[2], device=n.device)                    # [q]
+        weight = (last - self.log_decay).masked_fill(position >= n, float("-inf")).exp()     # [b, H, q], 0 past n
+        keys = (self.keys * weight[..., None]).transpose(-1, -2)                              # [b, H, K, q]
+        decayed = last.exp()[..., None]                                                       # [b, H, 1, 1]
+        state = torch.mul(self.start, decayed, out=out) if out is not None else self.start * decayed
+        k_dim, v_dim = state.shape[-2:]
+        state.view(-1, k_dim, v_dim).baddbmm_(keys.reshape(-1, k_dim, keys.shape[-1]),
+                                             self.deltas.reshape(-1, keys.shape[-1], v_dim))   # + k^T delta
+        return state
+
+
+def delta_rule_block(query, key, value, g, beta, state, l2norm: bool) -> tuple[torch.Tensor, DeltaTrail]:
+    """The gated delta rule over one block of q tokens, solved at once (one chunk, no padding).
+    query/key [b, q, Hk, K], value [b, q, H, V], g/beta [b, q, H], state [b, H, K, V] -> (output
+    [b, q, H, V] in value's dtype, the step's `DeltaTrail`). Reads the start state once (every position's
+    read of it in one product) and writes no state: `keep` builds the one each row keeps. A token-by-token
+    loop would read and write the state about three times per token."""
     heads, dtype = value.shape[2], value.dtype
     if key.shape[2] != heads:  # grouped values: each q/k head serves heads // Hk value heads
         query, key = (x.repeat_interleave(heads // key.shape[2], dim=2) for x in (query, key))
-    query, key, value, g, beta = (x.float() for x in (query, key, value, g, beta))
+    query, key, value, g, beta = (x.transpose(1, 2).float() for x in (query, key, value, g, beta))   # [b, H, q, ..]
     if l2norm:
         query, key = _unit(query), _unit(key)
     query = query / query.shape[-1] ** 0.5
-    state = state.float()
-    out = torch.empty_like(value)
-    trail = []
-    for t in range(value.shape[1]):
-        decay = g[:, t].exp()[..., None, None]                                           # [b, H, 1, 1]
-        k, q = key[:, t, :, None, :], query[:, t, :, None, :]                            # [b, H, 1, K]
-        read = torch.cat([q, k], dim=2) @ state                                          # [b, H, 2, V], one read
-        delta = (value[:, t, :, None, :] - decay * read[:, :, 1:]) * beta[:, t, :, None, None]   # [b, H, 1, V]
-        state = torch.baddbmm((state * decay).flatten(0, 1), k.transpose(-1, -2).flatten(0, 1),
-                              delta.flatten(0, 1)).view_as(state)                        # decayed + k^T delta
-        out[:, t] = (decay * read[:, :, :1] + (q * k).sum(-1, keepdim=True) * delta)[:, :, 0]
-        trail.append(state)
-    return out.to(dtype), trail
+    start = state.float()
+    steps = value.shape[2]
+    decay = g.cumsum(-1)                                                                     # [b, H, q] G
+    later = torch.ones(steps, steps, dtype=torch.bool, device=g.device).triu(1)             # s > t
+    pair = (decay[..., :, None] - decay[..., None, :]).masked_fill(later, float("-inf")).exp()   # [b, H, q, q]
+    read = torch.cat([query, key], dim=2) @ start                                            # [b, H, 2q, V]
+    query_read, key_read = read.split(steps, dim=2)
+    scale = decay.exp()[..., None]                                                           # [b, H, q, 1]
+    # delta_t = beta_t (v_t - k_t S_{t-1} decayed): lower-triangular in the earlier deltas
+    system = (key @ key.transpose(-1, -2)) * pair * beta[..., None]                          # [b, H, q, q]
+    deltas = torch.linalg.solve_triangular(system, beta[..., None] * (value - scale * key_read), upper=False,
+                                           unitriangular=True)                               # [b, H, q, V]
+    out = scale * query_read + ((query @ key.transpose(-1, -2)) * pair) @ deltas             # o_t = q_t S_t
+    return out.transpose(1, 2).to(dtype), DeltaTrail(start, key, deltas, decay)
 
 
 # ---------------------------------------------------------------------------------------------- the cache layer
@@ -154,9 +194,10 @@ class RecurrentLayer(LinearAttentionLayer):
     def __init__(self, number_of_states: int = 1) -> None:
         super().__init__(number_of_states=number_of_states)
         self.windows: dict[int, torch.Tensor] = {}          # state -> conv input [b, C, K + q] of the last step
-        self.trails: dict[int, list[torch.Tensor]] = {}     # state -> q x [b, H, K, V] after each position
+        self.trails: dict[int, DeltaTrail] = {}             # state -> what the last step's delta rule left
         self.before: dict[int, torch.Tensor] = {}           # state -> [b, H, K, V] before the last step
         self.conv_before: dict[int, torch.Tensor] = {}      # state -> [b, C, K] before a one-token step
+        self.spare: dict[int, torch.Tensor] = {}            # state -> a free buffer for `keep` to rebuild into
 
     def activate_past_recording(self) -> None:  # roll-back is `keep`'s; HF's fast one-token path stays on
         pass
@@ -194,6 +235,9 @@ class RecurrentLayer(LinearAttentionLayer):
         conv window in place, so that one is copied: [b, C, K]; the torch rules replace the recurrent
         state rather than write it, so a reference suffices, unless flash-linear-attention's kernel,
         which may write it in place, runs the one-token step)."""
+        for i, trail in self.trails.items():                # a step left without `keep`: it kept every token
+            with torch.inference_mode():
+                self.recurrent_states[i] = trail.state_after(torch.full((trail.keys.shape[0],), trail.keys.shape[2]))
         self.windows, self.trails = {}, {}
         copy = q == 1 and fast_kernels()["fla"]
         self.before = {i: t.clone() if copy else t for i, t in self.recurrent_states.items() if t is not None}
@@ -208,12 +252,20 @@ class RecurrentLayer(LinearAttentionLayer):
         for i, before in self.conv_before.items():                         # a one-token step: 0 or 1 kept
             self.conv_states[i] = torch.where(counts[:, None, None] > 0, self.conv_states[i], before)
         rows = counts.tolist()
+        same = all(n == rows[0] for n in rows)
         for i, before in self.before.items():
-            trail = [before] + self.trails.get(i, [self.recurrent_states[i]])      # state after 0, 1, .., q tokens
-            if any(n != rows[0] for n in rows):
-                self.recurrent_states[i] = torch.stack([trail[n][r] for r, n in enumerate(rows)])
-            else:
-                self.recurrent_states[i] = trail[rows[0]]
+            trail = self.trails.get(i)
+            if same and rows[0] == 0:                           # every row kept none
+                self.recurrent_states[i] = before
+            elif trail is not None:                             # rebuilt into the spare buffer; the start is freed
+                spare = self.spare.get(i)
+                fits = spare is not None and spare.shape == trail.start.shape and spare.dtype == trail.start.dtype
+                with torch.inference_mode():                    # the buffers are the verify pass's tensors
+                    self.recurrent_states[i] = trail.state_after(counts, spare if fits else None)
+                self.spare[i] = trail.start
+            elif not same:                                      # a one-token step, 0 or 1 kept per row
+                self.recurrent_states[i] = torch.where(counts[:, None, None, None] > 0, self.recurrent_states[i],
+                                                       before)
         self.windows, self.trails, self.before, self.conv_before = {}, {}, {}, {}
 
     def _states(self):

@@ -11,7 +11,9 @@ Contract:
   counted, at most the block size); `tokens_per_pass` = new tokens after the prefill's / all
   target passes (speculative cycles and plain steps). Per source ("draft", "lookup"): the cycles
   that verified a row's tokens from it and the tokens of it the target accepted
-  (`cycles_by_source`, `accepted_by_source`).
+  (`cycles_by_source`, `accepted_by_source`); cycles that verified both as a tree (`tree_cycles`,
+  counted under the winning branch's source) and the tree's cost, its nodes beyond the longer
+  branch (`tree_extra_tokens`).
 - `BatchTiming` holds the clock of one decoded batch: prefill, total wall time, per-phase time
   (prefill, draft, selector, verify, accept), the plain steps taken in fallback with their
   time and tokens, and the process CPU time of the cycles (every thread's, prefill excluded; on a
@@ -20,7 +22,8 @@ Contract:
 - `Commit` is what one cycle adds to a row: its tokens, how many of them (the leading ones)
   were proposed tokens accepted by the target (the rest is the target's own token), how many
   proposed tokens the cycle verified for the row (0: a plain step, counted in
-  `RowStats.plain_steps`) and where they came from (`source`: "draft", "lookup", "" for none).
+  `RowStats.plain_steps`) and where they came from (`source`: "draft", "lookup", "" for none;
+  for a tree the winning branch's, with `tree_extra` its nodes beyond the longer branch).
 """
 from __future__ import annotations
 
@@ -38,18 +41,25 @@ class RowStats:
     new_tokens: int = 0
     cycles_by_source: dict[str, int] = field(default_factory=dict)      # source -> cycles verifying its tokens
     accepted_by_source: dict[str, int] = field(default_factory=dict)    # source -> its tokens accepted
+    tree_cycles: int = 0                                                # cycles verifying draft and lookup as a tree
+    tree_extra_tokens: int = 0                                          # their nodes beyond the longer branch
 
     def __post_init__(self) -> None:
         if not self.accepted_at_position:
             self.accepted_at_position = [0] * max(self.block_size - 1, 0)
 
-    def record_cycle(self, verified: int, committed: int, accepted: int, source: str = "draft") -> None:
-        """One target pass that verified `verified` proposed tokens (from `source`) and committed
-        `committed` tokens, the first `accepted` of them proposed (verified = 0: a plain step)."""
+    def record_cycle(self, verified: int, committed: int, accepted: int, source: str = "draft",
+                     tree_extra: int | None = None) -> None:
+        """One target pass that verified `verified` proposed tokens (from `source`, the winning
+        branch's for a tree of `tree_extra` nodes beyond its longer branch) and committed `committed`
+        tokens, the first `accepted` of them proposed (verified = 0: a plain step)."""
         if verified == 0:
             self.plain_steps += 1
             return
         self.cycles += 1
+        if tree_extra is not None:
+            self.tree_cycles += 1
+            self.tree_extra_tokens += tree_extra
         self.cycles_by_source[source] = self.cycles_by_source.get(source, 0) + 1
         self.accepted_by_source[source] = self.accepted_by_source.get(source, 0) + accepted
         self.committed_per_cycle.append(committed)
@@ -83,6 +93,7 @@ class RowStats:
                 "mean_drafts_verified": self.mean_drafts_verified, "histogram": self.histogram(),
                 "position_acceptance": self.position_acceptance(),
                 "cycles_by_source": dict(self.cycles_by_source), "accepted_by_source": dict(self.accepted_by_source),
+                "tree_cycles": self.tree_cycles, "tree_extra_tokens": self.tree_extra_tokens,
                 "draft_lengths": {k: self.drafts_per_cycle.count(k) for k in sorted(set(self.drafts_per_cycle))}}
 
     def to_dict(self) -> dict:
@@ -132,3 +143,4 @@ class Commit:
     accepted: int = 0    # the leading `accepted` tokens were proposed tokens
     drafted: int = 0     # proposed tokens this cycle verified (0: a plain step, or the prefill's token)
     source: str = ""     # where they came from: "draft", "lookup", "" (none)
+    tree_extra: int | None = None   # a tree's nodes beyond its longer branch (None: one path verified)

@@ -22,6 +22,11 @@ Contract:
   (windows are measured in slots) rows are re-aligned to the right edge after every such cycle.
   The recurrent layers' state is captured per position during multi-token steps and set per row
   by `keep` (`recurrent.RecurrentLayer.keep`); the attention layers' bookkeeping is unchanged.
+- `step_tree(ids, depth, visible)` verifies a token tree per row (`decoding.tree`) in one pass:
+  positions by depth, a 4-D attention mask (the committed context plus each node's ancestors);
+  `keep_nodes(kept)` keeps the accepted path's slots and holes out the rest. Only for targets
+  with `supports_trees` (full attention in slot layers); sliding-window and hybrid (recurrent)
+  targets verify one path per row.
 - `select_rows(rows)` drops finished sequences from the batch, and with them the leading slots no
   remaining row uses (full-attention layers), so a batch that keeps admitting rows stays as wide
   as its longest live row, not as the longest row it ever held.
@@ -105,11 +110,12 @@ class TargetAdapter:
         self._hooks = []
 
     # ------------------------------------------------------------------ forward passes
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor,
-                 last_logits_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, last_logits_only: bool = False,
+                 attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         self._captured.clear()
         with torch.inference_mode():
-            out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=positions,
+            out = self.model(input_ids=ids, attention_mask=self.mask if attention_mask is None else attention_mask,
+                             position_ids=positions,
                              past_key_values=self.cache, use_cache=True,
                              logits_to_keep=1 if last_logits_only else 0)
         features = None
@@ -199,6 +205,27 @@ class TargetAdapter:
                 return self._forward(ids, positions)
         return self._forward(ids, positions)
 
+    @property
+    def supports_trees(self) -> bool:
+        """Whether `step_tree` can run: full-attention layers only, kept in slot layers (holes allowed).
+        Sliding windows count slots and recurrent layers carry one state per row: a tree's losing
+        branch cannot be masked out of either, so those targets verify one path per row."""
+        return self.cache is not None and self.holes and not self.recurrent
+
+    def step_tree(self, ids: torch.Tensor, depth: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed a token tree per row: ids [b, W] at positions next_position + depth [b, W], node i
+        attending to the committed context and to the nodes j with visible[:, i, j] ([b, W, W]);
+        `keep_nodes` then keeps the accepted ones."""
+        require(self.supports_trees, "this target cannot verify token trees (sliding-window or recurrent layers)")
+        q = ids.shape[1]
+        positions = self.next_position[:, None] + depth
+        context = self.mask.bool()[:, None, :].expand(-1, q, -1)                      # [b, W, S]
+        allowed = torch.cat([context, visible], dim=-1)[:, None]                       # [b, 1, W, S + W]
+        bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        bias = bias.masked_fill(~allowed, torch.finfo(self.dtype).min)                 # additive: eager and sdpa alike
+        self.mask = F.pad(self.mask, (0, q), value=1)
+        return self._forward(ids, positions, attention_mask=bias)
+
     # ------------------------------------------------------------------ cache bookkeeping
     def keep(self, counts: torch.Tensor, q: int) -> None:
         """Keep the first counts[r] (0..q) of the last step's q tokens of each row."""
@@ -213,13 +240,7 @@ class TargetAdapter:
                 self.mask = self.mask[:, : top - q]
             return
         if self.holes:  # rows kept different counts: mask out each row's rejected slots
-            self.mask[:, -q:] = (torch.arange(q, device=self.device)[None, :] < counts[:, None]).to(self.mask.dtype)
-            if worth_compacting(self.mask):
-                index = compaction_index(self.mask)                                        # [b, S']
-                for layer in self._attention_layers():
-                    slots = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-                    layer.keys, layer.values = layer.keys.gather(2, slots), layer.values.gather(2, slots)
-                self.mask = self.mask.gather(1, index)
+            self._hole_out(torch.arange(q, device=self.device)[None, :] < counts[:, None])
             return
         # Rows kept different counts: shift each row right so all rows end at the right edge again.
         shift = top - counts                                   # [b] extra left padding per row
@@ -236,6 +257,31 @@ class TargetAdapter:
                 if layer.cumulative_length >= layer.sliding_window:
                     keys, values = keys[:, :, -keep:], values[:, :, -keep:]
             layer.keys, layer.values = keys.contiguous(), values.contiguous()
+
+    def keep_nodes(self, kept: torch.Tensor) -> None:
+        """After `step_tree`: keep the nodes kept[r] ([b, W] bool) of each row and hole out the rest
+        (the losing branch and the rejected nodes). Kept nodes lie on one path, in depth order, so
+        the row's slots stay in time order."""
+        kept = kept.to(self.device)
+        self.next_position = self.next_position + kept.sum(dim=1)
+        self._hole_out(kept)
+
+    def _hole_out(self, kept: torch.Tensor) -> None:
+        """Mask out the last step's slots that kept [b, q] does not keep; crop the trailing ones no
+        row keeps; compact by one gather once holes take too much room."""
+        q = kept.shape[1]
+        self.mask[:, -q:] = kept.to(self.mask.dtype)
+        used = kept.any(dim=0)                                                          # [q]
+        unused_tail = q - (int(used.nonzero().max()) + 1 if bool(used.any()) else 0)
+        if unused_tail:
+            self.cache.crop(-unused_tail)
+            self.mask = self.mask[:, :-unused_tail]
+        if worth_compacting(self.mask):
+            index = compaction_index(self.mask)                                            # [b, S']
+            for layer in self._attention_layers():
+                slots = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+                layer.keys, layer.values = layer.keys.gather(2, slots), layer.values.gather(2, slots)
+            self.mask = self.mask.gather(1, index)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         rows = rows.to(self.device)

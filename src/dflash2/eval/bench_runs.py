@@ -158,6 +158,7 @@ def summarize(sides: list[Side], block: int) -> dict:
         "plain_steps": sum(s.plain_steps for s in stats),
         "cycles_by_source": _by_source(s.cycles_by_source for s in stats),
         "accepted_by_source": _by_source(s.accepted_by_source for s in stats),
+        "tree_cycles": sum(s.tree_cycles for s in stats), "tree_extra_tokens": sum(s.tree_extra_tokens for s in stats),
         "fallback_seconds": sum(t.plain_seconds for t in batches),
         "speculation_overhead": speculation_overhead(stats, batches),
         "phase_seconds": phases,

@@ -8,7 +8,10 @@ different positions). Reported medians, milliseconds: the verify step with per-p
 roll-back would need), `keep` in all, the recurrent layers' part of it, and a plain one-token step.
 `rollback share` = (recurrent keep + capture overhead) / (verify + keep): the share of a cycle's
 target work that the roll-back adds (the draft's pass, absent here, only makes a real cycle longer,
-so the share of a whole cycle is smaller). Prints a markdown table; `--json` writes the rows.
+so the share of a whole cycle is smaller). `verify / plain` = verify (capture) / plain step: what a
+verify pass costs in one-token steps. An attention-only target runs too (nothing to capture or roll
+back: its verify / plain ratio is the one to set beside a hybrid's of similar size). Prints a markdown
+table naming which kernels were importable; `--json` writes the rows.
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ from dflash2.pipeline import load_decoder
 
 @dataclass
 class RollbackCost:
+    target: str
+    kind: str                   # "hybrid" or "attention only"
     batch: int
     block: int
     verify_ms: float            # step of `block` tokens, capturing each position's state
@@ -35,6 +40,7 @@ class RollbackCost:
     recurrent_keep_ms: float
     plain_step_ms: float
     rollback_share: float
+    verify_over_plain: float
 
 
 def _timed(fn) -> float:
@@ -43,16 +49,18 @@ def _timed(fn) -> float:
     return 1000 * (time.perf_counter() - start)
 
 
-def measure(adapter, prompts: list[list[int]], block: int, repeats: int, seed: int = 0) -> RollbackCost:
+def measure(adapter, name: str, prompts: list[list[int]], block: int, repeats: int, seed: int = 0) -> RollbackCost:
     b = len(prompts)
     g = torch.Generator().manual_seed(seed)
     adapter.prefill(prompts)
     samples: dict[str, list[float]] = {k: [] for k in ("verify", "plain", "no_capture", "keep", "recurrent")}
     for _ in range(repeats + 1):                                   # the first round warms up
-        ids = torch.randint(100, 1000, (b, block), generator=g).to(adapter.device)
+        ids = torch.randint(3, min(1000, adapter.vocab_size), (b, block), generator=g).to(adapter.device)
         counts = torch.randint(1, block + 1, (b,), generator=g).to(adapter.device)
-        no_capture = _timed(lambda: _step_without_capture(adapter, ids))
-        adapter.keep(torch.full((b,), block, device=adapter.device), block)      # nothing captured: all kept
+        no_capture = float("nan")
+        if adapter.recurrent:                                      # attention only: nothing to capture
+            no_capture = _timed(lambda: _step_without_capture(adapter, ids))
+            adapter.keep(torch.full((b,), block, device=adapter.device), block)  # nothing captured: all kept
         verify = _timed(lambda: adapter.step(ids))
         timers = []
         layers = list(adapter.recurrent)
@@ -63,9 +71,11 @@ def measure(adapter, prompts: list[list[int]], block: int, repeats: int, seed: i
                            ("recurrent", sum(timers))):
             samples[key].append(value)
     med = {k: statistics.median(v[1:]) for k, v in samples.items()}
-    added = med["recurrent"] + max(med["verify"] - med["no_capture"], 0.0)
-    return RollbackCost(b, block, med["verify"], med["no_capture"], med["keep"], med["recurrent"], med["plain"],
-                        added / (med["verify"] + med["keep"]))
+    capture = med["verify"] - med["no_capture"] if adapter.recurrent else 0.0
+    added = med["recurrent"] + max(capture, 0.0)
+    kind = "hybrid" if adapter.hybrid else "attention only"
+    return RollbackCost(name, kind, b, block, med["verify"], med["no_capture"], med["keep"], med["recurrent"], med["plain"],
+                        added / (med["verify"] + med["keep"]), med["verify"] / med["plain"])
 
 
 def _step_without_capture(adapter, ids) -> None:
@@ -89,17 +99,19 @@ def _keep_timing(adapter, layers, counts, block, timers) -> None:
 
 
 def render(rows: list[RollbackCost], header: str) -> str:
-    lines = [header, "", "| batch | block | verify (capture) | verify (no capture) | keep | recurrent keep | plain step "
-             "| rollback share |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [header, "", "| target | batch | block | verify (capture) | verify (no capture) | keep | recurrent keep "
+             "| plain step | rollback share | verify / plain |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r.batch} | {r.block} | {r.verify_ms:.1f} | {r.verify_no_capture_ms:.1f} | {r.keep_ms:.2f} | "
-                     f"{r.recurrent_keep_ms:.2f} | {r.plain_step_ms:.1f} | {100 * r.rollback_share:.1f} % |")
+        lines.append(f"| {r.target} ({r.kind}) | {r.batch} | {r.block} | {r.verify_ms:.1f} | {r.verify_no_capture_ms:.1f} | {r.keep_ms:.2f} | "
+                     f"{r.recurrent_keep_ms:.2f} | {r.plain_step_ms:.1f} | {100 * r.rollback_share:.1f} % | "
+                     f"{r.verify_over_plain:.2f} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dflash2.eval.rollback", description=__doc__.splitlines()[0])
-    parser.add_argument("--target", required=True, help="a hybrid target: local HF dir or built-in name")
+    parser.add_argument("--target", required=True, help="local HF dirs or built-in names, comma-separated (hybrids, "
+                        "or attention-only targets for their verify / plain ratio); each batch size runs on each in turn")
     parser.add_argument("--batch", default="1,8")
     parser.add_argument("--block", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=64)
@@ -114,18 +126,19 @@ def main(argv: list[str] | None = None) -> int:
     require(args.block >= 2 and args.repeats >= 1, "--block must be >= 2 and --repeats >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    adapter = load_decoder(args.target, None, args.device, args.dtype, speculate="never").decoder.target
-    require(adapter.hybrid, f"target '{args.target}' has no recurrent layers: nothing to roll back")
+    targets = [t.strip() for t in args.target.split(",") if t.strip()]
+    adapters = {t: load_decoder(t, None, args.device, args.dtype, speculate="never").decoder.target for t in targets}
     g = torch.Generator().manual_seed(1)
+    high = min(1000, *(a.vocab_size for a in adapters.values()))       # token ids every target has
     rows = []
     for b in batches:
         lengths = torch.randint(args.prompt_tokens // 2, args.prompt_tokens + 1, (b,), generator=g).tolist()
-        prompts = [torch.randint(100, 1000, (n,), generator=g).tolist() for n in lengths]
-        rows.append(measure(adapter, prompts, args.block, args.repeats))
-        adapter.reset()
+        prompts = [torch.randint(3, high, (n,), generator=g).tolist() for n in lengths]
+        for name, adapter in adapters.items():                   # the same prompts, one target after the other
+            rows.append(measure(adapter, name, prompts, args.block, args.repeats))
+            adapter.reset()
     kernels = ", ".join(f"{name} {'importable' if ok else 'not importable'}" for name, ok in recurrent.fast_kernels().items())
-    print(render(rows, f"Roll-back cost: {args.target} [{args.dtype}, {args.device}, {kernels}], ms (medians of "
-                       f"{args.repeats})"))
+    print(render(rows, f"Roll-back cost [{args.dtype}, {args.device}, {kernels}], ms (medians of {args.repeats})"))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump([asdict(r) for r in rows], handle, indent=2)

@@ -3,7 +3,8 @@
 Contract: `tiny_target(family, vocab_size, seed)` builds a randomly initialised Hugging Face causal
 LM of the given family ("llama", "qwen3", "gemma3"; Gemma3 with a short sliding window so that
 window roll-back is exercised; the hybrids of `HYBRID_FAMILIES`: "qwen3_5", "qwen3_5_moe", "qwen3_next"
-(Gated DeltaNet layers, three to one with full attention) and "lfm2" (short convolutions)) in fp32,
+(Gated DeltaNet layers, three to one with full attention) and "lfm2" (short convolutions); also
+"lfm2_moe", LFM2's convolutions with mixture-of-experts MLPs) in fp32,
 eval mode. `tiny_config(family, ...)` is the config it builds. `tiny_draft(target, ...)` builds a matching
 randomly initialised DFlash2 (or v1) draft (the draft factory, `model.factory.create_draft`) whose
 convolutions and selector are perturbed away from their identity / neutral init, so every part of
@@ -13,8 +14,8 @@ them (no chat template).
 from __future__ import annotations
 
 import torch
-from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Lfm2Config, Qwen3_5MoeTextConfig,
-                          Qwen3_5TextConfig, Qwen3Config, Qwen3NextConfig)
+from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Lfm2Config, Lfm2MoeConfig,
+                          Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config, Qwen3NextConfig)
 
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
@@ -22,7 +23,7 @@ from dflash2.model.shape import DraftShape
 from dflash2.errors import require
 
 HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "lfm2")
-FAMILIES = ("llama", "qwen3", "gemma3") + HYBRID_FAMILIES
+FAMILIES = ("llama", "qwen3", "gemma3") + HYBRID_FAMILIES + ("lfm2_moe",)
 
 
 def tiny_config(family: str = "llama", vocab_size: int = 128, num_layers: int = 6, hidden_size: int = 64,
@@ -51,6 +52,10 @@ def tiny_config(family: str = "llama", vocab_size: int = 128, num_layers: int = 
         return Qwen3_5MoeTextConfig(**common, **linear, **experts, tie_word_embeddings=False)
     if family == "qwen3_next":
         return Qwen3NextConfig(**common, **linear, **experts, tie_word_embeddings=False)
+    if family == "lfm2_moe":
+        return Lfm2MoeConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden_size // 2,
+                             num_dense_layers=1, conv_L_cache=3,
+                             layer_types=["full_attention" if i % 3 == 2 else "conv" for i in range(num_layers)])
     return Lfm2Config(**common, full_attn_idxs=[i for i in range(num_layers) if i % 3 == 2], conv_L_cache=3)
 
 
