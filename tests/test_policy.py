@@ -178,3 +178,71 @@ def test_modes_always_and_never():
     assert not any(SpeculationPolicy("never").plan(1).draft for _ in range(5))
     with pytest.raises(ValueError):
         SpeculationPolicy("sometimes")
+
+
+def test_an_observed_figure_replaces_the_calibrated_one_and_a_disagreement_makes_it_stale():
+    costs = CostModel()
+    costs.load_calibration({(1, 1): 0.040, (1, 8): 0.400})      # measured while the machine was loaded
+    costs.observe_verify(1, 8, 0.050)
+    assert costs.verify(1, 8) == pytest.approx(0.050)             # used at once, not averaged in
+    assert not costs.stale()                                      # one pass is not enough to call it stale
+    for _ in range(3):
+        costs.observe_verify(1, 8, 0.050)
+    assert not costs.stale()                                      # one size seen: not enough to replace it with
+    for _ in range(4):
+        costs.observe_verify(1, 1, 0.041)
+    costs.observe_verify(1, 32, 0.090)
+    assert costs.stale()
+    table = costs.adopt_observed()
+    assert table == {(1, 1): pytest.approx(0.041), (1, 8): pytest.approx(0.050)}  # seen often enough; the rest
+    assert not costs.stale() and costs.verify(1, 32) == pytest.approx(0.090)      # of a wrong calibration is dropped
+    assert costs.verify(1, 4, optimistic=True) <= costs.verify(1, 4)
+
+
+def test_the_optimistic_figure_trusts_only_what_this_run_observed():
+    costs = CostModel()
+    costs.load_calibration({(1, 1): 0.040, (1, 8): 0.400})
+    assert costs.verify(1, 8, optimistic=True) == pytest.approx(0.400)   # nothing observed: the calibration
+    costs.observe_verify(1, 1, 0.040)
+    assert costs.verify(1, 8, optimistic=True) == pytest.approx(0.040)   # only the plain step seen: a flat curve
+    assert costs.verify(1, 8) == pytest.approx(0.400)
+
+
+def _lookup_run(calibrated_wide: float, true_wide: float, cycles: int = 600, accept: float = 0.9, seed: int = 0):
+    """Lookup alone against a machine whose 8-token pass takes `true_wide` (a plain step 40 ms),
+    with a stored calibration saying `calibrated_wide`; lookup offers 7 tokens at confidence 0.9,
+    accepted with probability `accept`. Returns (seconds, tokens, cycles that verified lookup tokens)."""
+    rng = random.Random(seed)
+    costs = CostModel()
+    costs.load_calibration({(1, 1): 0.040, (1, 8): calibrated_wide})
+    policy = SpeculationPolicy("auto", costs, budget=0.02)
+    seconds = tokens = 0.0
+    speculative = 0
+    for _ in range(cycles):
+        plan = policy.plan(1)
+        offer = Offer([True], None, [[0.9] * 7])
+        choice = policy.choose(1, offer, 8, plan.probe)
+        k = choice.k
+        n = 0
+        while n < k and rng.random() < accept:
+            n += 1
+        verify = 0.040 + (true_wide - 0.040) * k / 7
+        policy.observe(CycleRecord(1, offer, choice, False, plan.probe, list(choice.lengths), [n], k + 1, 0.0, verify))
+        seconds, tokens, speculative = seconds + verify, tokens + n + 1, speculative + (k > 0)
+    return seconds, tokens, speculative
+
+
+def test_a_calibration_that_overstates_wide_passes_cannot_switch_lookup_off():
+    """Stored while the machine was loaded: the 8-token pass at 10 plain steps, so no lookup could
+    ever pay by those figures. The first probe measures it (50 ms) and lookup runs from then on."""
+    seconds, tokens, speculative = _lookup_run(calibrated_wide=0.400, true_wide=0.050)
+    assert speculative > 500
+    assert seconds < 0.5 * tokens * 0.040
+
+
+def test_probing_a_calibration_that_was_right_costs_at_most_the_budget():
+    """The same figures, but true: lookup never pays, and probing it costs at most `budget` of plain
+    decoding's time beyond the first probe."""
+    seconds, tokens, speculative = _lookup_run(calibrated_wide=0.400, true_wide=0.400, cycles=3000, accept=0.0)
+    assert 1 <= speculative <= 3
+    assert seconds <= tokens * 0.040 * 1.02 + (0.400 - 0.040)

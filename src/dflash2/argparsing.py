@@ -13,16 +13,20 @@ Ctrl-C into `interrupted` with status 130.
 
 `ModelSettings` (target, draft, device, dtype, seed, threads, speculate, tiny) is what
 `add_model_arguments` adds to a parser and `ModelSettings.from_args` reads back, checked (bench,
-analyze, cycles, ablation; `pipeline.build_pipeline` loads it). `parse_list(text, what)` splits a
+analyze, cycles, ablation; `pipeline.build_pipeline` loads it). `add_recalibrate_argument(p)` is
+the one `--recalibrate` of every command that decodes (generate, bench, analyze, cycles,
+yardstick, serve); `apply_recalibrate(args)` passes it on to the cost model's calibration store. `parse_list(text, what)` splits a
 comma-separated option, refusing an empty one.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 from typing import Callable
 
+from dflash2.cache import RECALIBRATE_ENV
 from dflash2.errors import DFlash2Error, require
 from dflash2.machine import check_threads
 
@@ -91,6 +95,7 @@ class ModelSettings:
         """The options of `add_model_arguments`, checked."""
         settings = cls(args.target, args.draft, args.device, args.dtype, args.seed, args.threads, args.speculate,
                        args.tiny, getattr(args, "proposer", None))
+        apply_recalibrate(args)
         warning = check_threads(settings.threads)
         if warning:
             print(warning, file=sys.stderr)
@@ -117,6 +122,19 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid"),
                         help="where proposed tokens come from (default: hybrid, the draft and lookup); lookup loads no draft")
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
+    add_recalibrate_argument(parser)
+
+
+def add_recalibrate_argument(parser) -> None:
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="measure the decoding cost model again instead of using the one stored for this machine, "
+                             "target and dtype (it is also measured again when older than a week, and replaced when "
+                             "decoding observes other costs)")
+
+
+def apply_recalibrate(args: argparse.Namespace) -> None:
+    if getattr(args, "recalibrate", False):
+        os.environ[RECALIBRATE_ENV] = "1"
 
 
 def parse_list(text: str, what: str) -> list[str]:

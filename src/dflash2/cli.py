@@ -6,8 +6,8 @@ Contract: `main(argv)` dispatches subcommands and returns an exit status. Every 
 read or write); Ctrl-C prints `interrupted` and exits 130 (`argparsing.run_command`).
 Input is checked before anything slow loads: `generate` reads --messages, loads the draft (its
 weights checked), the target's config and tokenizer, encodes the prompt and applies the context
-rule, and only then loads the target's weights. `--compare` at T > 0 says that the two outputs are
-not expected to match. `init-draft` writes into an existing non-empty --out only with --force,
+rule, and only then loads the target's weights. `--compare` (`eval.compare`) warms both decoders up,
+untimed, before timing either, and at T > 0 says that the two outputs are not expected to match. `init-draft` writes into an existing non-empty --out only with --force,
 and then replaces only its config.json and model.safetensors.
 Each handler imports the engine, the targets and the draft code itself (torch, transformers: seconds),
 so `dflash2 --help` and a bad option answer at once; subcommand modules load only when named.
@@ -22,12 +22,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from dflash2.argparsing import OneLineParser, run_command
+from dflash2.argparsing import OneLineParser, add_recalibrate_argument, apply_recalibrate, run_command
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import refuse_existing_output
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape
@@ -74,8 +73,7 @@ def _generate_parser(sub) -> None:
                         "--no-draft")
     p.add_argument("--compare", action="store_true", help="also run the autoregressive baseline and compare")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("--recalibrate", action="store_true",
-                   help="measure the cost model again instead of using the one stored for this machine and target")
+    add_recalibrate_argument(p)
 
 
 def _init_draft_parser(sub) -> None:
@@ -110,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_generate(args) -> int:
-    from dflash2.decoding.calibration import RECALIBRATE_ENV
     from dflash2.decoding.engine import GenerationConfig
+    from dflash2.eval.compare import compare
     from dflash2.pipeline import prepare_decoder
     from dflash2.targets.chat import encode_messages, encode_prompt
 
@@ -121,8 +119,7 @@ def cmd_generate(args) -> int:
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, block_size=args.block_size, seed=args.seed)
     config.validate()
-    if args.recalibrate:
-        os.environ[RECALIBRATE_ENV] = "1"
+    apply_recalibrate(args)
     if args.prompt is not None:
         require(args.prompt.strip() != "", "empty prompt: --prompt has no text")
     messages = read_messages(args.messages) if args.messages is not None else None
@@ -144,13 +141,13 @@ def cmd_generate(args) -> int:
         if not pipe.trained_draft and plan.proposer in ("draft", "hybrid"):
             print("# note: no trained draft ships for this target yet, so acceptance will be low; output is "
                   "still exactly the target's", file=sys.stderr)
-    result = _run_streaming(pipe, ids, config, echo=not args.json)
-    report = _report(pipe, result)
-    if args.compare:
-        baseline = type(pipe.decoder)(pipe.decoder.target).generate([ids], config)[0]
-        tps = baseline.stats.new_tokens / baseline.timing.total_seconds
-        report.update(baseline_tokens_per_second=tps, speedup=report["tokens_per_second"] / tps,
-                      identical=baseline.tokens == result.tokens, identical_expected=config.temperature == 0)
+    if args.compare:   # both decoders warmed up, untimed, before either timed run
+        comparison = compare(pipe.decoder, ids, config, lambda _: _run_streaming(pipe, ids, config, not args.json))
+        report = _report(pipe, comparison.speculative)
+        report.update(baseline_tokens_per_second=comparison.baseline_tokens_per_second, speedup=comparison.speedup,
+                      identical=comparison.identical, identical_expected=config.temperature == 0)
+    else:
+        report = _report(pipe, _run_streaming(pipe, ids, config, echo=not args.json))
     if args.json:
         print(json.dumps(report))
     else:

@@ -50,7 +50,6 @@ from dflash2.provenance import cpu_has_native_bf16
 from dflash2.targets.builtin import (BUILTIN_TARGETS, TargetFiles, TargetShape, builtins_shaped, load_target_model,
                                      open_target)
 from dflash2.targets.chat import choose_mask_token, stop_token_ids
-from dflash2.targets.tiny import TinyTokenizer, tiny_draft, tiny_target
 
 DEFAULT_PROPOSER = "hybrid"  # with a draft: measured >= the draft alone, = lookup alone (BENCHMARKS.md section 8)
 
@@ -241,6 +240,9 @@ def load_decoder(target: str = "smollm2", draft: "str | _NoDraft | None" = None,
 
 
 def tiny_pipeline(seed: int = 0, speculate: str = "auto") -> Pipeline:
+    # imported here: the tiny families' configs pull in model code no real target needs (a second of start-up)
+    from dflash2.targets.tiny import TinyTokenizer, tiny_draft, tiny_target
+
     target = tiny_target("llama", seed=seed)
     draft = tiny_draft(target, seed=seed)
     decoder = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft, speculate=speculate)

@@ -55,7 +55,12 @@ def safetensors_header(path: str | Path, what: str) -> dict[str, tuple[str, tupl
 
 
 def require_finite(name: str, tensor: torch.Tensor, what: str) -> None:
-    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+    # one float64 sum first (several times faster than isfinite on bfloat16): a NaN or inf anywhere makes
+    # it NaN or inf, and finite 16- or 32-bit values cannot overflow it; a float64 sum that overflowed
+    # is told apart by the element-wise check
+    if not tensor.is_floating_point() or bool(torch.isfinite(tensor.sum(dtype=torch.float64))):
+        return
+    if not bool(torch.isfinite(tensor).all()):
         bad = "NaN" if bool(torch.isnan(tensor).any()) else "infinite"
         raise DFlash2Error(f"{what}: tensor '{name}' holds {bad} values; the checkpoint is damaged "
                            "(a diverged training run?); use an earlier checkpoint or retrain")

@@ -1,14 +1,16 @@
-"""The cost model's start-up calibration, stored per machine, target and dtype.
+"""The cost model's start-up calibration, stored per machine, target and dtype, and kept fresh.
 
-Contract: `calibrate_cached(costs, target, block)` fills `costs` (a `CostModel`) with the
-start-up figures for this (machine, target, dtype, device, block): read from
-`cache_dir()/calibration/<key>.json` when an earlier run stored them, else measured by
-`costs.calibrate(target, block)` and stored (atomically). The key covers the CPU model, usable
-cores, torch's thread count and version, the device (and GPU name), the target's config and a
-fingerprint of its first weights, the dtype and the block; a change in any is a fresh
-measurement, and so is `DFLASH2_RECALIBRATE=1`. A cache that cannot be read or written is
-ignored (the figures are measured, as without a cache). The running decode refines the figures
-as before (`observe_*`), so a stored calibration only saves the start-up passes.
+Contract: `calibrate_cached(costs, target, block)` -> `StoredCalibration` fills `costs` (a
+`CostModel`) with the start-up figures for this (machine, target, dtype, device, block): read
+from `cache_dir()/calibration/<key>.json` when an earlier run stored them less than `MAX_AGE_S`
+ago, else measured by `costs.calibrate(target, block)` and stored (atomically). The key covers
+the CPU model, usable cores, torch's thread count and version, the device (and GPU name), the
+target's config and a fingerprint of its first weights, the dtype and the block; a change in any
+is a fresh measurement, and so is `DFLASH2_RECALIBRATE=1` (`--recalibrate`).
+`StoredCalibration.refresh(costs)`: when `costs.stale()` (what this run observed disagrees with
+the calibration: costs.py), the observed figures replace the stored ones (atomically; the
+measurement's age is kept, so the age rule still forces a full measurement in time).
+A cache that cannot be read or written is ignored (the figures are measured, as without one).
 """
 from __future__ import annotations
 
@@ -16,13 +18,17 @@ import hashlib
 import json
 import os
 import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from dflash2.cache import cache_dir
+from dflash2.cache import RECALIBRATE_ENV, cache_dir
 from dflash2.fileio import atomic_write
 
-RECALIBRATE_ENV = "DFLASH2_RECALIBRATE"
+MAX_AGE_S = 7 * 24 * 3600        # a stored calibration older than this is measured again
+FORMAT = 2
 
 
 def _cpu_model() -> str:
@@ -50,20 +56,50 @@ def calibration_key(target, block: int) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def calibrate_cached(costs, target, block: int) -> None:
-    path = cache_dir() / "calibration" / f"{calibration_key(target, block)}.json"
-    if os.environ.get(RECALIBRATE_ENV) != "1":
+@dataclass
+class StoredCalibration:
+    path: Path
+    measured_at: float          # when the full start-up measurement ran (time.time())
+
+    def read(self) -> dict[tuple[int, int], float] | None:
+        """The stored figures, or None: none stored, unreadable, another format, or too old."""
         try:
-            stored = json.loads(path.read_text(encoding="utf-8"))
-            for b, q, seconds in stored["verify"]:
-                costs.observe_verify(int(b), int(q), float(seconds))
-            if costs.calibrated:
-                return
+            stored = json.loads(self.path.read_text(encoding="utf-8"))
+            measured_at = float(stored["measured_at"])
+            table = {(int(b), int(q)): float(s) for b, q, s in stored["verify"]}
         except (OSError, ValueError, KeyError, TypeError):
-            pass  # none stored yet, or unreadable: measure
+            return None
+        if stored.get("format") != FORMAT or not 0 <= time.time() - measured_at <= MAX_AGE_S:
+            return None
+        self.measured_at = measured_at
+        return table
+
+    def write(self, table: dict[tuple[int, int], float]) -> None:
+        record = {"format": FORMAT, "measured_at": self.measured_at, "written_at": time.time(),
+                  "verify": [[b, q, s] for (b, q), s in sorted(table.items())]}
+        try:
+            with atomic_write(self.path, "w") as handle:
+                json.dump(record, handle)
+        except OSError:
+            pass  # a read-only or full cache: the figures still serve this run
+
+    def refresh(self, costs) -> bool:
+        """Store what this run observed in place of a calibration it contradicts; True if it did."""
+        if not costs.stale():
+            return False
+        self.write(costs.adopt_observed())
+        return True
+
+
+def calibrate_cached(costs, target, block: int) -> StoredCalibration:
+    store = StoredCalibration(cache_dir() / "calibration" / f"{calibration_key(target, block)}.json", time.time())
+    if os.environ.get(RECALIBRATE_ENV) != "1":
+        table = store.read()
+        if table is not None:
+            costs.load_calibration(table)
+            if costs.calibrated:
+                return store
     costs.calibrate(target, block)
-    try:
-        with atomic_write(path, "w") as handle:
-            json.dump({"verify": [[b, q, s] for (b, q), s in sorted(costs.verify_s.items())]}, handle)
-    except OSError:
-        pass  # a read-only or full cache: the figures still serve this run
+    store.measured_at = time.time()
+    store.write(costs.calibrated_s)
+    return store

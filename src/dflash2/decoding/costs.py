@@ -2,19 +2,34 @@
 how long the draft pass takes, and the host work around them, on this machine.
 
 Contract:
-- `CostModel()` starts empty; `calibrate(target, block)` measures the target once at start-up:
-  one row running q = 1, block, 4 x block and 16 x block tokens on a dummy context (the running
-  batch's cache left untouched), so that the token curve reaches the compute-bound sizes of
-  large batches before any large batch has run.
-- `observe_verify(b, q, s)`, `observe_draft(b, s)`, `observe_host(b, speculative, s)` add what
-  each real cycle measured (an exponential moving average per (b, q), so the model follows the
-  context growing and the machine's load).
-- `verify(b, q)`: the measured figure for (b, q) when there is one; else linear in q between the
-  two figures measured at batch b around q; else the token curve f(n) -- piecewise linear in the
-  tokens n = b * q of every measured pass, extended past its ends (flat below, the last segment's
-  slope above) -- scaled to the nearest figure measured at batch b when there is one (the level
-  of this batch's context, the shape of the machine's curve). `draft(b)` and `host(b, spec)`
+- `CostModel()` starts empty. Verify figures come from two places, kept apart:
+  - calibrated: `calibrate(target, block)` measures the target once at start-up (one row running
+    q = 1, block, 4 x block and 16 x block tokens on a dummy context, the running batch's cache
+    left untouched, so that the token curve reaches the compute-bound sizes of large batches before
+    any large batch has run), or `load_calibration(table)` takes a stored one
+    (`decoding.calibration`);
+  - observed: `observe_verify(b, q, s)` adds what a real cycle measured (an exponential moving
+    average per (b, q) over this run's passes, so the model follows the context growing and the
+    machine's load). An observed figure replaces the calibrated one for its (b, q) at once.
+  `observe_draft(b, s)` and `observe_host(b, speculative, s)` are observed figures likewise.
+- `verify(b, q)`: the figure for (b, q) when there is one (observed, else calibrated); else
+  linear in q between the two figures at batch b around q; else the token curve f(n) --
+  piecewise linear in the tokens n = b * q of every pass, extended past its ends (flat below, the
+  last segment's slope above) -- scaled to the nearest figure at batch b when there is one (the
+  level of this batch's context, the shape of the machine's curve). `draft(b)` and `host(b, spec)`
   fall back on the nearest measured batch size (0 before any measurement).
+- `verify(b, q, optimistic=True)`: the same, but a figure that this run has not observed (only
+  calibrated, or predicted from calibrated ones) is taken at most at what the observed figures
+  alone predict (with one observed size, every pass costs what that one did). A probe decides
+  with it, so a calibration that overstates what speculation costs cannot stop the policy from
+  measuring it (policy.py bounds what that costs).
+- `stale()`: the calibration disagrees with what this run observed: some (b, q) observed at
+  least `STALE_SAMPLES` times, at a batch size the calibration measured, differs from what the
+  calibration alone predicts for it (its figure, or the interpolation) by more than `STALE_FACTOR`
+  either way, once the figures observed that often cover two pass sizes (enough to replace the
+  calibration: a stored one with fewer would be measured again). `adopt_observed()` replaces the calibration by the figures observed that often (a
+  calibration found wrong is dropped whole, so `stale()` is False until the machine drifts again)
+  and returns it, the table to store.
 """
 from __future__ import annotations
 
@@ -24,13 +39,24 @@ import torch
 
 EMA = 0.2
 CALIBRATION_SIZES = (1, 4, 16)  # times the block: the q of the start-up passes (plus q = 1)
+STALE_FACTOR = 1.5              # observed / calibrated beyond this (either way): the calibration is stale
+STALE_SAMPLES = 4               # ... once a (b, q) was observed this often
+
+VerifyTable = dict[tuple[int, int], float]   # (b, q) -> seconds
 
 
 class CostModel:
     def __init__(self) -> None:
-        self.verify_s: dict[tuple[int, int], float] = {}
+        self.calibrated_s: VerifyTable = {}
+        self.observed_s: VerifyTable = {}
+        self.observed_n: dict[tuple[int, int], int] = {}
         self.draft_s: dict[int, float] = {}
         self.host_s: dict[tuple[int, bool], float] = {}
+
+    @property
+    def verify_s(self) -> VerifyTable:
+        """Every verify figure: the observed one where there is one, else the calibrated one."""
+        return {**self.calibrated_s, **self.observed_s}
 
     # ------------------------------------------------------------------ measurements
     @staticmethod
@@ -38,7 +64,29 @@ class CostModel:
         table[key] = seconds if key not in table else (1 - EMA) * table[key] + EMA * seconds
 
     def observe_verify(self, b: int, q: int, seconds: float) -> None:
-        self._update(self.verify_s, (b, q), seconds)
+        self._update(self.observed_s, (b, q), seconds)
+        self.observed_n[(b, q)] = self.observed_n.get((b, q), 0) + 1
+
+    def load_calibration(self, table: VerifyTable) -> None:
+        self.calibrated_s.update(table)
+
+    def stale(self) -> bool:
+        seen = [(b, q) for (b, q), n in self.observed_n.items() if n >= STALE_SAMPLES]
+        if len({b * q for b, q in seen}) < 2:
+            return False          # not yet enough observed to replace the calibration with
+        calibrated_batches = {b for b, _ in self.calibrated_s}
+        for (b, q), n in self.observed_n.items():
+            if n >= STALE_SAMPLES and b in calibrated_batches:
+                ratio = self.observed_s[(b, q)] / max(_predict(self.calibrated_s, b, q), 1e-12)
+                if not 1 / STALE_FACTOR <= ratio <= STALE_FACTOR:
+                    return True
+        return False
+
+    def adopt_observed(self) -> VerifyTable:
+        """The figures observed `STALE_SAMPLES` times or more, as the new calibration: the rest of a
+        calibration found wrong is not trusted either (predictions come from what was observed)."""
+        self.calibrated_s = {key: self.observed_s[key] for key, n in self.observed_n.items() if n >= STALE_SAMPLES}
+        return dict(self.calibrated_s)
 
     def observe_draft(self, b: int, seconds: float) -> None:
         self._update(self.draft_s, b, seconds)
@@ -52,7 +100,8 @@ class CostModel:
 
     def calibrate(self, target, block: int, context: int = 32, repeats: int = 2) -> None:
         """Time one-row target passes of 1, block, 4 x block and 16 x block tokens (as far as the
-        context limit allows) on a dummy context; the adapter's running batch is saved and restored."""
+        context limit allows) on a dummy context, the fastest of `repeats` each (the first pass of a
+        size is cold); the adapter's running batch is saved and restored."""
         saved = (target.cache, target.mask, target.next_position)
         room = target.max_positions - context
         sizes = [1] + [block * m for m in CALIBRATION_SIZES if block * m <= room]
@@ -65,39 +114,49 @@ class CostModel:
                 target.step(ids)
                 if target.device.type == "cuda":
                     torch.cuda.synchronize()
-                self.observe_verify(1, q, time.perf_counter() - start)
+                seconds = time.perf_counter() - start
+                self.calibrated_s[(1, q)] = min(seconds, self.calibrated_s.get((1, q), seconds))  # not a cold pass
                 target.keep(torch.zeros(1, dtype=torch.long), q)
         finally:
             target.cache, target.mask, target.next_position = saved
 
     # ------------------------------------------------------------------ predictions
-    def verify(self, b: int, q: int) -> float:
-        if (b, q) in self.verify_s:
-            return self.verify_s[(b, q)]
-        same_b = sorted((qq, s) for (bb, qq), s in self.verify_s.items() if bb == b)
-        if len(same_b) >= 2 and same_b[0][0] <= q <= same_b[-1][0]:
-            (q0, s0), (q1, s1) = _bracket(same_b, q)
-            return max(s0 + (s1 - s0) * (q - q0) / (q1 - q0), 1e-6)
-        if not self.verify_s:
-            return 0.0
-        curve = self._token_curve()
-        if same_b:
-            q0, s0 = min(same_b, key=lambda point: abs(point[0] - q))
-            return max(s0 * _on_curve(curve, b * q) / max(_on_curve(curve, b * q0), 1e-9), 1e-6)
-        return max(_on_curve(curve, b * q), 1e-6)
-
-    def _token_curve(self) -> list[tuple[int, float]]:
-        """[(n, seconds)] sorted by tokens per pass n = b * q (passes of equal n averaged)."""
-        by_tokens: dict[int, list[float]] = {}
-        for (b, q), s in self.verify_s.items():
-            by_tokens.setdefault(b * q, []).append(s)
-        return sorted((n, sum(s) / len(s)) for n, s in by_tokens.items())
+    def verify(self, b: int, q: int, optimistic: bool = False) -> float:
+        figure = _predict(self.verify_s, b, q)
+        if optimistic and self.observed_s and (b, q) not in self.observed_s:
+            return min(figure, _predict(self.observed_s, b, q))
+        return figure
 
     def draft(self, b: int) -> float:
         return _nearest(self.draft_s, b)
 
     def host(self, b: int, speculative: bool) -> float:
         return _nearest({bb: s for (bb, spec), s in self.host_s.items() if spec == speculative}, b)
+
+
+def _predict(table: VerifyTable, b: int, q: int) -> float:
+    """`verify(b, q)` from one table (see the module docstring); 0 from an empty one."""
+    if (b, q) in table:
+        return table[(b, q)]
+    same_b = sorted((qq, s) for (bb, qq), s in table.items() if bb == b)
+    if len(same_b) >= 2 and same_b[0][0] <= q <= same_b[-1][0]:
+        (q0, s0), (q1, s1) = _bracket(same_b, q)
+        return max(s0 + (s1 - s0) * (q - q0) / (q1 - q0), 1e-6)
+    if not table:
+        return 0.0
+    curve = _token_curve(table)
+    if same_b:
+        q0, s0 = min(same_b, key=lambda point: abs(point[0] - q))
+        return max(s0 * _on_curve(curve, b * q) / max(_on_curve(curve, b * q0), 1e-9), 1e-6)
+    return max(_on_curve(curve, b * q), 1e-6)
+
+
+def _token_curve(table: VerifyTable) -> list[tuple[int, float]]:
+    """[(n, seconds)] sorted by tokens per pass n = b * q (passes of equal n averaged)."""
+    by_tokens: dict[int, list[float]] = {}
+    for (b, q), s in table.items():
+        by_tokens.setdefault(b * q, []).append(s)
+    return sorted((n, sum(s) / len(s)) for n, s in by_tokens.items())
 
 
 def _bracket(points: list[tuple[int, float]], q: int) -> tuple[tuple[int, float], tuple[int, float]]:

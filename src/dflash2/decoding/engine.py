@@ -39,7 +39,7 @@ import torch
 
 from dflash2.decoding.acceptance import greedy_accept, sample_accept, target_probs
 from dflash2.decoding.block import VerifyBlock
-from dflash2.decoding.calibration import calibrate_cached
+from dflash2.decoding.calibration import StoredCalibration, calibrate_cached
 from dflash2.decoding.context import check_context, effective_block_size
 from dflash2.decoding.lookup import Lookup, LookupProposer, SuffixStore
 from dflash2.decoding.policy import Choice, CycleRecord, Offer, SpeculationPolicy
@@ -130,6 +130,7 @@ class SpeculativeDecoder:
                     "target adapter taps different layers than the draft's target_layer_ids")
             draft.bind_target(target.embed_weight(), target.lm_head_weight())
         self.policy = SpeculationPolicy(speculate if proposer is not None else "never")
+        self.calibration: StoredCalibration | None = None   # where the policy's cost calibration is stored
 
     custom_proposer = False  # test decoders that bring their own proposer set this
 
@@ -249,7 +250,7 @@ class DecodeSession:
         pending, self._pending = self._pending, []
         block = max(self.decoder.block_size(c) for _, _, c in pending)
         if self.policy.mode == "auto" and not self.policy.costs.calibrated and block > 1:
-            calibrate_cached(self.policy.costs, self.target, block)  # once per decoder (stored per machine), not counted
+            self.decoder.calibration = calibrate_cached(self.policy.costs, self.target, block)  # once per decoder, not counted
             self._clock = time.perf_counter() if not self.rows else self._clock
         with self.watch("prefill"):
             clock = time.perf_counter()
@@ -319,6 +320,8 @@ class DecodeSession:
         record.host_seconds = timer.wall() - record.draft_seconds - record.verify_seconds
         with self.watch("policy"):
             self.policy.observe(record)
+            if self.decoder.calibration is not None:      # what this run measures replaces a stale calibration
+                self.decoder.calibration.refresh(self.policy.costs)
         self.timing.record_cycle(b, record.drafted, record.width, timer.wall(), timer.cpu())
         with self.watch("host"):
             return self._commit(self.rows, commits)

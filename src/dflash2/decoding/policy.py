@@ -21,7 +21,9 @@ Contract:
   given tokens 1..j-1 were (`AcceptanceModel`, one table per source, from the source's own
   confidence; the draft's in a probe and lookup's always at an optimistic bound, mean +
   `optimism` standard deviations, so that they are tried), t_draft only when the draft pass ran,
-  and the times from `costs` (`decoding.costs.CostModel`). Plain decoding's rate is
+  and the times from `costs` (`decoding.costs.CostModel`; in a probe at its optimistic figures, so
+  that figures this run has not observed -- a calibration stored or measured under another load --
+  cannot rule speculation out without it being measured). Plain decoding's rate is
   b / (t_verify(b, 1) + t_host). Rows of one pass may verify different sources and lengths: each
   row's block is its own. A third option per row, when the offer says where the draft's and
   lookup's tokens stop agreeing (`Offer.shared`: greedy rows of a target that can verify trees),
@@ -33,7 +35,10 @@ Contract:
 - `worth_drafting(b, offer, block)`: with the lookup offer in hand, before the draft pass, whether
   the draft at its usual yield (a moving average of its k and expected tokens a row) beats the
   lookup alone, pass included.
-- Falling back (the draft pass only; lookup costs no pass and is chosen cycle by cycle): at once
+- Lookup costs no pass and is chosen cycle by cycle; when only figures this run has not observed
+  rule it out, a lookup probe verifies it once at the optimistic figures, budgeted like a fallback
+  (see `_lookup_choice`).
+- Falling back (the draft pass only): at once
   when the best length is 0 or, in a probe, when even the optimistic best rate is below the best
   rate without the draft (lookup alone, or plain decoding) (the draft pass was the only cost: nothing is verified), when the
   best rate stays below plain decoding's for `patience` cycles, or when a probe, judged with what
@@ -251,6 +256,8 @@ class SpeculationPolicy:
         self.plain_left = 0      # cycles left in the current fallback (no draft pass)
         self.probing = True      # the next draft pass is a probe (the first one, or after a fallback)
         self.outlook: tuple[float, float] | None = None   # the draft's usual (k, expected tokens a row)
+        self.lookup_wait = 0     # lookup cycles before the next lookup probe may run (`_lookup_choice`)
+        self.lookup_backoff = min_backoff
 
     def fresh(self) -> "SpeculationPolicy":
         """The same settings and cost model, nothing learned of the proposers, no fallback under way."""
@@ -282,11 +289,13 @@ class SpeculationPolicy:
     def plain_rate(self, b: int) -> float:
         return b / max(self.plain_step_seconds(b), 1e-9)
 
-    def cycle_seconds(self, b: int, k: int, drafted: bool = True) -> float:
-        """A cycle verifying k drafts a row, with or without the draft pass (k = 0 and no pass: a plain step)."""
+    def cycle_seconds(self, b: int, k: int, drafted: bool = True, optimistic: bool = False) -> float:
+        """A cycle verifying k drafts a row, with or without the draft pass (k = 0 and no pass: a plain
+        step); `optimistic`: the target pass at the cost model's optimistic figure (a probe's)."""
         if k == 0 and not drafted:
             return self.plain_step_seconds(b)
-        return (self.costs.draft(b) if drafted else 0.0) + self.costs.verify(b, k + 1) + self.costs.host(b, True)
+        return ((self.costs.draft(b) if drafted else 0.0) + self.costs.verify(b, k + 1, optimistic)
+                + self.costs.host(b, True))
 
     def _probabilities(self, offer: Offer, optimism: float = 0.0) -> dict[str, list[list[float]]]:
         """source -> per row the acceptance probability of each token: the draft's at `optimism`
@@ -311,10 +320,12 @@ class SpeculationPolicy:
         return trees if any(trees) else None
 
     def _best(self, b: int, expectations: dict[str, list[list[float]]], drafts: int, drafted: bool,
-              every: bool = False, trees: list[list[tuple[float, int, int, int]]] | None = None) -> Choice:
+              every: bool = False, trees: list[list[tuple[float, int, int, int]]] | None = None,
+              optimistic: bool = False) -> Choice:
         """The k (0..drafts, or up to the widest tree) of the highest rate, each row taking its best
         source at k (a tree of at most k nodes included, its width priced like any verified token);
-        `every`: the largest k, every row verifying all that its best option offers."""
+        `every`: the largest k, every row verifying all that its best option offers; `optimistic`: at
+        the cost model's optimistic figures (a probe's)."""
         room = max([drafts] + [len(t) - 1 for t in trees or []])
         best = Choice(0, 0.0, -1.0)
         for k in ([room] if every else range(room + 1)):
@@ -334,7 +345,7 @@ class SpeculationPolicy:
                 lengths.append(length)
                 branches.append(branch)
             width = max(lengths, default=0)
-            rate = expected / max(self.cycle_seconds(b, width, drafted), 1e-9)
+            rate = expected / max(self.cycle_seconds(b, width, drafted, optimistic), 1e-9)
             if rate > best.rate:
                 best = Choice(width, expected, rate, tuple(sources), tuple(lengths),
                               tuple(branches) if "tree" in sources else ())
@@ -364,12 +375,13 @@ class SpeculationPolicy:
         drafted = offer.draft is not None
         if self.mode == "always":
             return self._best(b, self._expectations(offer), drafts, drafted, every=True, trees=self._trees(offer))
-        if not drafted:                          # lookup alone, or nothing: no fallback to manage
-            return self._best(b, self._expectations(offer), drafts, False)
+        if not drafted:                          # lookup alone, or nothing
+            return self._lookup_choice(b, offer, drafts)
         optimism = self.optimism if probe else 0.0
         expectations = self._expectations(offer, optimism)
-        choice = self._best(b, expectations, drafts, True, trees=self._trees(offer, optimism))
-        without = self._best(b, {n: e for n, e in expectations.items() if n != "draft"}, drafts, False)
+        choice = self._best(b, expectations, drafts, True, trees=self._trees(offer, optimism), optimistic=probe)
+        without = self._best(b, {n: e for n, e in expectations.items() if n != "draft"}, drafts, False,
+                             optimistic=probe)
         if not probe:
             self._follow_outlook(choice, expectations["draft"])
         if choice.k == 0 or (probe and not self._pays(choice.rate, without.rate)):
@@ -387,6 +399,28 @@ class SpeculationPolicy:
                 self._fall_back(b, self._lost(b, self.cycle_seconds(b, choice.k), choice.expected))
         return choice
 
+    def _lookup_choice(self, b: int, offer: Offer, drafts: int) -> Choice:
+        """Lookup costs no pass, so it is chosen cycle by cycle at the cost model's figures; but when
+        only figures this run has not observed rule it out (a stored calibration that overstates wide
+        passes), it is verified once at the optimistic figures (a lookup probe, which measures them),
+        and the next such probe waits long enough that what one can lose is at most `budget` of the
+        waiting cycles' time (at least `lookup_backoff` cycles, doubling). So no calibration can
+        switch lookup off, and probing one that was right costs at most `budget`."""
+        expectations = self._expectations(offer)
+        choice = self._best(b, expectations, drafts, False)
+        if self.mode != "auto" or offer.lookup is None:
+            return choice
+        if self.lookup_wait > 0:
+            self.lookup_wait -= 1
+            return choice
+        optimistic = self._best(b, expectations, drafts, False, optimistic=True)
+        if optimistic.k <= choice.k:
+            return choice
+        lost = self._lost(b, self.cycle_seconds(b, optimistic.k, False), optimistic.expected)
+        self.lookup_wait = self._fallback_length(b, lost, self.lookup_backoff)
+        self.lookup_backoff = min(2 * self.lookup_wait, self.max_backoff)
+        return optimistic
+
     def choose_length(self, b: int, confidence: list[list[float]], greedy: list[bool], block: int,
                       probe: bool = False) -> int:
         """`choose` for a draft alone: the number of drafts to verify."""
@@ -400,11 +434,16 @@ class SpeculationPolicy:
         else:
             self.outlook = tuple(0.8 * old + 0.2 * new for old, new in zip(self.outlook, (choice.k, per_row)))
 
+    def _fallback_length(self, b: int, lost_seconds: float, backoff: int) -> int:
+        """Plain steps enough that `lost_seconds` is at most `budget` of their time, at least
+        `backoff` of them, at most `max_backoff`."""
+        needed = math.ceil(max(lost_seconds, 0.0) / max(self.budget * self.plain_step_seconds(b), 1e-12))
+        return min(max(backoff, needed), self.max_backoff)
+
     def _fall_back(self, b: int, lost_seconds: float) -> None:
         """Cycles without the draft pass long enough that `lost_seconds` is at most `budget` of their
         time, and at least `backoff` of them; the next fallback is at least twice as long."""
-        needed = math.ceil(max(lost_seconds, 0.0) / max(self.budget * self.plain_step_seconds(b), 1e-12))
-        self.plain_left = min(max(self.backoff, needed), self.max_backoff)
+        self.plain_left = self._fallback_length(b, lost_seconds, self.backoff)
         self.backoff = min(2 * self.plain_left, self.max_backoff)
         self.losing = 0
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from dflash2.data.holdout import is_held_out
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
-from dflash2.argparsing import OneLineParser
+from dflash2.argparsing import OneLineParser, add_recalibrate_argument, apply_recalibrate
 from dflash2.data.shards import load_manifest, read_records
 from dflash2.decoding.engine import GenerationConfig
 from dflash2.decoding.proposer import DRAFT_PHASES
@@ -176,7 +176,9 @@ def parse_args(argv):
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default="cpu")
+    add_recalibrate_argument(p)
     args = p.parse_args(argv)
+    apply_recalibrate(args)
     for name in ("heldout", "per_benchmark", "max_new_tokens", "batch_size"):
         require(getattr(args, name) > 0, f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     require(args.arm is None or len(args.arm) == len(args.draft), "give one --arm per --draft (or none)")

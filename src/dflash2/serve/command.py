@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from dflash2.argparsing import OneLineParser, run_command
+from dflash2.argparsing import OneLineParser, add_recalibrate_argument, apply_recalibrate, run_command
 from dflash2.errors import DFlash2Error, require
 from dflash2.serve.settings import API_KEY_ENV, RequestDefaults, ServeSettings
 
@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=r.top_k)
     g.add_argument("--seed", type=int, default=r.seed, help="default: a fresh seed per request")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
+    add_recalibrate_argument(p)
     return p
 
 
@@ -80,6 +81,7 @@ def parse_settings(argv: list[str]) -> ServeSettings:
         access_log=a.access_log, threads=a.threads,
         defaults=RequestDefaults(a.max_tokens, a.temperature, a.top_p, a.top_k, a.seed))
     settings.validate()
+    apply_recalibrate(a)
     return settings
 
 

@@ -370,7 +370,8 @@ def load_target_model(files: TargetFiles, device: str | torch.device = "cpu", dt
         for weights in sorted(Path(files.resolved).glob("*.safetensors")):
             safetensors_header(weights, f"target '{files.name}'")
     try:
-        model = AutoModelForCausalLM.from_pretrained(files.resolved, dtype=dtype, local_files_only=files.local)
+        model = AutoModelForCausalLM.from_pretrained(files.resolved, config=files.config, dtype=dtype,
+                                                     local_files_only=files.local)  # the config read once
     except (OSError, ValueError, SafetensorError) as err:
         raise DFlash2Error(_load_failure(files.name, files.resolved, files.local, err)) from None
     model = model.to(device).eval()

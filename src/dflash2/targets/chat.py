@@ -64,8 +64,9 @@ def stop_token_ids(tokenizer, model_config=None) -> tuple[int, ...]:
             ids.add(source)
         elif isinstance(source, (list, tuple)):
             ids.update(int(i) for i in source)
+    vocab = tokenizer.get_vocab()   # a fresh dict of the whole vocabulary per call: read once
     for token in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>"):
-        token_id = tokenizer.convert_tokens_to_ids(token) if token in tokenizer.get_vocab() else None
+        token_id = tokenizer.convert_tokens_to_ids(token) if token in vocab else None
         if isinstance(token_id, int):
             ids.add(token_id)
     return tuple(sorted(ids))

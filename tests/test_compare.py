@@ -1,0 +1,37 @@
+"""`generate --compare` compares like with like: both decoders are warmed up, untimed, before either
+timed run, and the speculative run learns nothing from the warm-up of the same prompt."""
+from __future__ import annotations
+
+import torch
+
+from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier import TargetAdapter
+from dflash2.eval.compare import WARMUP_TOKENS, compare
+from dflash2.targets.tiny import tiny_draft, tiny_target
+
+
+class Recording(SpeculativeDecoder):
+    """A real decoder that notes every request it decodes: (speculative?, max_new_tokens)."""
+    log: list[tuple[bool, int]] = []
+
+    def check(self, prompts, config):
+        Recording.log.append((self.draft is not None, config.max_new_tokens))
+        super().check(prompts, config)
+
+
+def test_both_sides_are_warmed_up_before_either_is_timed():
+    torch.manual_seed(0)
+    target = tiny_target("llama", seed=0)
+    draft = tiny_draft(target, seed=0)
+    decoder = Recording(TargetAdapter(target, draft.config.target_layer_ids), draft)
+    Recording.log = []
+    before = decoder.policy
+    config = GenerationConfig(max_new_tokens=3 * WARMUP_TOKENS)
+    comparison = compare(decoder, [5, 9, 11, 13, 17, 5, 9, 11], config)
+    short, full = WARMUP_TOKENS, 3 * WARMUP_TOKENS
+    assert Recording.log == [(True, short), (False, short), (True, full), (False, full)]
+    assert comparison.identical and len(comparison.speculative.tokens) == full   # lossless, greedy
+    assert comparison.speculative.stats.new_tokens == full                       # the timed runs' own counts
+    assert comparison.speculative.timing.draft_passes > 0 and comparison.baseline.timing.draft_passes == 0
+    after = decoder.policy           # the warm-up's policy is replaced: same cost model, nothing learned
+    assert after is not before and after.costs is before.costs
