@@ -246,3 +246,23 @@ def test_probing_a_calibration_that_was_right_costs_at_most_the_budget():
     seconds, tokens, speculative = _lookup_run(calibrated_wide=0.400, true_wide=0.400, cycles=3000, accept=0.0)
     assert 1 <= speculative <= 3
     assert seconds <= tokens * 0.040 * 1.02 + (0.400 - 0.040)
+
+
+def test_at_batch_8_lookup_is_not_verified_at_a_width_its_mean_does_not_pay_for():
+    """Width is expensive at batch 8 (an 8-token pass costs three plain steps) and lookup's tokens are
+    accepted 35 % of the time: at that mean no width pays, only the optimistic bound of a young
+    table would (mean + 1 sd). One budgeted lookup probe verifies at the bound; the cycles after it
+    verify nothing, instead of paying for exploration every cycle."""
+    costs = CostModel()
+    for q, s in ((1, 0.200), (2, 0.300), (4, 0.350), (8, 0.600)):
+        costs.observe_verify(8, q, s)
+    policy = SpeculationPolicy("auto", costs, budget=0.02)
+    offer = Offer([True] * 8, None, [[0.35] * 7] * 8)
+    probe = policy.choose(8, offer, block=8)
+    assert probe.k > 0 and policy.lookup_wait > 0                   # the bound is tried once ...
+    mean_rate = 8 * expected_tokens([0.35] * 7, probe.k) / policy.cycle_seconds(8, probe.k, False)
+    assert mean_rate < policy.plain_rate(8)                         # ... though at the mean it does not pay
+    lost = policy.cycle_seconds(8, probe.k, False) - expected_tokens([0.35] * 7, probe.k) * 0.200
+    assert policy.lookup_wait >= lost / (0.02 * 0.200) - 1          # ... and budgeted by what it can lose
+    waits = [policy.choose(8, offer, block=8).k for _ in range(policy.lookup_wait)]
+    assert waits == [0] * len(waits)                                # plain steps until the next probe

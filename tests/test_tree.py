@@ -101,7 +101,7 @@ def test_the_policy_verifies_a_tree_when_extra_width_is_cheap_and_not_when_dear(
     cheap = _policy(1e-5).choose(1, offer, 8)
     assert cheap.sources == ("tree",) and cheap.branches[0][0] > 0 and cheap.branches[0][1] > 0
     assert cheap.lengths[0] == sum(cheap.branches[0]) and cheap.k == cheap.lengths[0]
-    dear = _policy(0.003).choose(1, offer, 8)
+    dear = _policy(0.010).choose(1, offer, 8)
     assert dear.sources[0] in ("draft", "lookup") and not dear.branches
     agree = Offer.of([True], draft=[DRAFT], lookup=[LOOKUP], shared=[7])   # the same tokens: one path
     assert _policy(1e-5).choose(1, agree, 8).sources[0] != "tree"

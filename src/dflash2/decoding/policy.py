@@ -19,8 +19,9 @@ Contract:
       E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j,
   where a_{r,s,j} is the calibrated probability that token j of source s for row r is accepted
   given tokens 1..j-1 were (`AcceptanceModel`, one table per source, from the source's own
-  confidence; the draft's in a probe and lookup's always at an optimistic bound, mean +
-  `optimism` standard deviations, so that they are tried), t_draft only when the draft pass ran,
+  confidence; in a probe -- the draft's, or lookup's (`_lookup_choice`) -- at an optimistic bound,
+  mean + `optimism` standard deviations, so that they are tried; otherwise at the posterior mean,
+  so that an ordinary cycle does not pay for exploration), t_draft only when the draft pass ran,
   and the times from `costs` (`decoding.costs.CostModel`; in a probe at its optimistic figures, so
   that figures this run has not observed -- a calibration stored or measured under another load --
   cannot rule speculation out without it being measured). Plain decoding's rate is
@@ -35,9 +36,9 @@ Contract:
 - `worth_drafting(b, offer, block)`: with the lookup offer in hand, before the draft pass, whether
   the draft at its usual yield (a moving average of its k and expected tokens a row) beats the
   lookup alone, pass included.
-- Lookup costs no pass and is chosen cycle by cycle; when only figures this run has not observed
-  rule it out, a lookup probe verifies it once at the optimistic figures, budgeted like a fallback
-  (see `_lookup_choice`).
+- Lookup costs no pass and is chosen cycle by cycle at its mean; when only its optimistic bound or
+  figures this run has not observed would verify more, a lookup probe verifies that once,
+  budgeted like a fallback (see `_lookup_choice`).
 - Falling back (the draft pass only): at once
   when the best length is 0 or, in a probe, when even the optimistic best rate is below the best
   rate without the draft (lookup alone, or plain decoding) (the draft pass was the only cost: nothing is verified), when the
@@ -298,11 +299,9 @@ class SpeculationPolicy:
                 + self.costs.host(b, True))
 
     def _probabilities(self, offer: Offer, optimism: float = 0.0) -> dict[str, list[list[float]]]:
-        """source -> per row the acceptance probability of each token: the draft's at `optimism`
-        (its bound in a probe), lookup's always at the policy's optimism: it costs no pass, so it
-        explores every cycle, and its bound tightens to its mean as its bins fill."""
-        return {name: [self._table(name).probabilities(c, g, optimism if name == "draft" else self.optimism)
-                       for c, g in zip(confidence, offer.greedy)]
+        """source -> per row the acceptance probability of each token, at `optimism` (the bound of a
+        probe, the draft's or lookup's; 0: the posterior mean, what an ordinary cycle expects)."""
+        return {name: [self._table(name).probabilities(c, g, optimism) for c, g in zip(confidence, offer.greedy)]
                 for name, confidence in offer.sources()}
 
     def _expectations(self, offer: Offer, optimism: float = 0.0) -> dict[str, list[list[float]]]:
@@ -400,12 +399,14 @@ class SpeculationPolicy:
         return choice
 
     def _lookup_choice(self, b: int, offer: Offer, drafts: int) -> Choice:
-        """Lookup costs no pass, so it is chosen cycle by cycle at the cost model's figures; but when
-        only figures this run has not observed rule it out (a stored calibration that overstates wide
-        passes), it is verified once at the optimistic figures (a lookup probe, which measures them),
-        and the next such probe waits long enough that what one can lose is at most `budget` of the
-        waiting cycles' time (at least `lookup_backoff` cycles, doubling). So no calibration can
-        switch lookup off, and probing one that was right costs at most `budget`."""
+        """Lookup costs no pass, so it is chosen cycle by cycle, at its mean acceptance and the cost
+        model's figures. What those rule out is tried in a lookup probe: lookup at its optimistic
+        bound (mean + `optimism` sd) and the optimistic figures (a calibration that overstates wide
+        passes, bins that have seen little), verified once when it would verify more; the next probe
+        waits long enough that what one can lose at the mean (its time beyond that of plain steps
+        committing its expected tokens) is at most `budget` of the waiting cycles' time (at least
+        `lookup_backoff` cycles, doubling). So neither a calibration nor a young bin can switch lookup
+        off, and exploring a lookup that does not pay costs at most `budget`."""
         expectations = self._expectations(offer)
         choice = self._best(b, expectations, drafts, False)
         if self.mode != "auto" or offer.lookup is None:
@@ -413,10 +414,12 @@ class SpeculationPolicy:
         if self.lookup_wait > 0:
             self.lookup_wait -= 1
             return choice
-        optimistic = self._best(b, expectations, drafts, False, optimistic=True)
+        optimistic = self._best(b, self._expectations(offer, self.optimism), drafts, False, optimistic=True)
         if optimistic.k <= choice.k:
             return choice
-        lost = self._lost(b, self.cycle_seconds(b, optimistic.k, False), optimistic.expected)
+        expected = sum(max(expectations[source][r][n], 1.0) if source else 1.0
+                       for r, (source, n) in enumerate(zip(optimistic.sources, optimistic.lengths)))
+        lost = self._lost(b, self.cycle_seconds(b, optimistic.k, False), expected)
         self.lookup_wait = self._fallback_length(b, lost, self.lookup_backoff)
         self.lookup_backoff = min(2 * self.lookup_wait, self.max_backoff)
         return optimistic
