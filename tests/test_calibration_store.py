@@ -103,3 +103,15 @@ def test_every_command_that_decodes_takes_recalibrate(command, capsys):
     with pytest.raises(SystemExit):
         main([command, "--help"])
     assert "--recalibrate" in capsys.readouterr().out
+
+
+def test_a_stored_table_without_a_plain_step_is_measured_again(work, measured, steady):
+    """Figures of wide passes alone would price the plain step by extrapolation (as dear as a wide
+    pass), and speculation would always look as if it paid: such a table is not used."""
+    _decode()
+    path, record = _stored(work)
+    record["verify"] = [[b, q, s] for b, q, s in record["verify"] if q > 1]
+    path.write_text(json.dumps(record))
+    _decode()
+    assert len(measured) == 2
+    assert any(q == 1 for _, q, _ in _stored(work)[1]["verify"])

@@ -190,6 +190,10 @@ def test_an_observed_figure_replaces_the_calibrated_one_and_a_disagreement_makes
         costs.observe_verify(1, 8, 0.050)
     assert not costs.stale()                                      # one size seen: not enough to replace it with
     for _ in range(4):
+        costs.observe_verify(1, 4, 0.045)
+    assert not costs.stale()        # wide passes only: no plain step to weigh them against (it would be
+    costs.observed_s.pop((1, 4)); costs.observed_n.pop((1, 4))    # extrapolated from them)
+    for _ in range(4):
         costs.observe_verify(1, 1, 0.041)
     costs.observe_verify(1, 32, 0.090)
     assert costs.stale()

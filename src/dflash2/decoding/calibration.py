@@ -10,7 +10,8 @@ is a fresh measurement, and so is `DFLASH2_RECALIBRATE=1` (`--recalibrate`).
 `StoredCalibration.refresh(costs)`: when `costs.stale()` (what this run observed disagrees with
 the calibration: costs.py), the observed figures replace the stored ones (atomically; the
 measurement's age is kept, so the age rule still forces a full measurement in time).
-A cache that cannot be read or written is ignored (the figures are measured, as without one).
+A cache that cannot be read or written is ignored (the figures are measured, as without one), and
+so is a stored table that lacks the plain step (q = 1) or any wider pass.
 """
 from __future__ import annotations
 
@@ -71,6 +72,8 @@ class StoredCalibration:
             return None
         if stored.get("format") != FORMAT or not 0 <= time.time() - measured_at <= MAX_AGE_S:
             return None
+        if not any(q == 1 for _, q in table) or not any(q > 1 for _, q in table):
+            return None     # a table without a plain step, or with nothing else, cannot weigh the choice
         self.measured_at = measured_at
         return table
 

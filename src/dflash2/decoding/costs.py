@@ -26,8 +26,9 @@ Contract:
 - `stale()`: the calibration disagrees with what this run observed: some (b, q) observed at
   least `STALE_SAMPLES` times, at a batch size the calibration measured, differs from what the
   calibration alone predicts for it (its figure, or the interpolation) by more than `STALE_FACTOR`
-  either way, once the figures observed that often cover two pass sizes (enough to replace the
-  calibration: a stored one with fewer would be measured again). `adopt_observed()` replaces the calibration by the figures observed that often (a
+  either way, once the figures observed that often hold, at one batch size, the plain step (q = 1)
+  and a wider pass (enough to replace the calibration with: a stored table without a plain step
+  is measured again, `decoding.calibration`). `adopt_observed()` replaces the calibration by the figures observed that often (a
   calibration found wrong is dropped whole, so `stale()` is False until the machine drifts again)
   and returns it, the table to store.
 """
@@ -71,9 +72,11 @@ class CostModel:
         self.calibrated_s.update(table)
 
     def stale(self) -> bool:
-        seen = [(b, q) for (b, q), n in self.observed_n.items() if n >= STALE_SAMPLES]
-        if len({b * q for b, q in seen}) < 2:
-            return False          # not yet enough observed to replace the calibration with
+        seen = {(b, q) for (b, q), n in self.observed_n.items() if n >= STALE_SAMPLES}
+        if not any(q > 1 and (b, 1) in seen for b, q in seen):
+            return False          # the replacement needs both sides of the choice at one batch size:
+                                  # a plain step and a wider pass (without the plain step, its cost
+                                  # would be extrapolated from wide passes and speculation always "pay")
         calibrated_batches = {b for b, _ in self.calibrated_s}
         for (b, q), n in self.observed_n.items():
             if n >= STALE_SAMPLES and b in calibrated_batches:
