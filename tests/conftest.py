@@ -120,14 +120,26 @@ def tiny_models():
     return out
 
 
-@pytest.fixture(scope="session")
-def smollm2_cache(tmp_path_factory):
-    """One real conversion of SmolLM2 (about 20 s on two cores) into a private cache, shared by the
-    session: (cache dir, converted target dir). Tests that load "smollm2" set DFLASH2_CACHE to it."""
-    from dflash2.targets import builtin as targets
-
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """Every cache dflash2 writes (`dflash2.cache.cache_dir()`: converted built-in targets, stored
+    cost-model calibrations) lives, for the whole session, in one temporary directory: no test
+    writes into the user's `~/.cache/dflash2` (or a `$DFLASH2_CACHE` the user set), and the
+    subprocesses the tests start inherit it. A test that wants an empty cache points
+    DFLASH2_CACHE elsewhere itself (monkeypatch)."""
     cache = tmp_path_factory.mktemp("dflash2-cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DFLASH2_CACHE", str(cache))
+        yield cache
+
+
+@pytest.fixture(scope="session")
+def smollm2_cache(private_cache):
+    """One real conversion of SmolLM2 (about 20 s on two cores) into the session's cache, shared by
+    every test that loads "smollm2": (cache dir, converted target dir)."""
+    from dflash2.targets import builtin as targets
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DFLASH2_CACHE", str(private_cache))     # even if a test changed it meanwhile
         resolved = targets.resolve_target("smollm2")
-    return cache, Path(resolved)
+    return private_cache, Path(resolved)
