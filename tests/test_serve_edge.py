@@ -323,6 +323,7 @@ def test_loadtest_sends_one_big_body_mid_run_and_polls_health(live, tmp_path, ca
     assert probe["big_body"]["code"] == ("request_too_large" if status == 413 else None)
     assert probe["health"]["polls"] >= 1 and probe["health"]["failures"] == 0
     assert probe["health"]["max_ms"] >= probe["health"]["median_ms"] > 0
+    assert 0 <= probe["health"]["max_ms_less_poller_wait"] <= probe["health"]["max_ms"]
     assert "| speculative | 4 | 4 / 4 | " + str(status) in printed
 
 

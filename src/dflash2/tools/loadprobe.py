@@ -8,14 +8,18 @@ Contract:
   `health_every_s` > 0: `GET /health` is polled at that interval on its own keep-alive connection
   from the level's start to its end.
 - `HealthPoller(url, every_s)`: that poller, in a process of its own (see the class): `start()`,
-  then `stop()` -> the `HealthAnswer`s (when sent, round trip, status; a failed poll is status 0).
+  then `stop()` -> the `HealthAnswer`s (when sent, round trip, status, a failed poll is status 0;
+  and how long the poller itself waited for a CPU during the poll, `cpu_wait_s()`: on a saturated
+  host the answer can sit in the poller's socket for 100 ms while the server took 1 ms, so the
+  round trip less that wait is what the server cost).
 - `big_body(model, size)` -> the request body, built before the level starts (building 20 MB of
   JSON during the level would stall the client, not the server).
 - `send_big_body(url, body, headers, timeout)` -> `BigBody` (status, error code, when sent and
   answered): blocking, run in a thread.
 - `probe_summary(answers, big, started)` -> the row's `probe` figures: polls, failures, median and
-  max round trip over the whole level and while the big request was in flight, and when (seconds
-  from the level's start) the slowest polls and the big request were sent.
+  max round trip over the whole level and while the big request was in flight, the max round trip
+  less the poller's own wait for a CPU, and when (seconds from the level's start) the slowest
+  polls and the big request were sent.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from dflash2.errors import require
 
 FILLER = "hello world "
 READY = "polling"
-SLOWEST = 5   # the slowest polls reported, each as [seconds since the level's start, round trip in ms]
+SLOWEST = 5   # the slowest polls reported: [s since the level's start, sent, round trip ms, poller's CPU wait ms]
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,12 @@ class HealthAnswer:
     sent: float            # perf_counter when the poll was sent
     seconds: float         # its round trip
     status: int            # 0: no answer (a transport error or a timeout)
+    poller_wait: float = 0.0   # of the round trip, the time the poller was runnable but had no CPU
+
+    @property
+    def server_seconds(self) -> float:
+        """The round trip less the poller's own wait for a CPU."""
+        return max(0.0, self.seconds - self.poller_wait)
 
 
 @dataclass
@@ -86,9 +96,19 @@ class HealthPoller:
         return [HealthAnswer(*json.loads(line)) for line in out.splitlines() if line.strip()]
 
 
+def cpu_wait_s() -> float:
+    """How long the calling thread has waited, runnable, for a CPU (Linux schedstat); 0.0 where the
+    kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def poll(url: str, every_s: float, timeout_s: float) -> None:
     """The poller process: polls until a line (or end of file) arrives on stdin, then writes one
-    JSON line `[sent, seconds, status]` per poll on stdout."""
+    JSON line `[sent, seconds, status, poller_wait]` per poll on stdout."""
     import httpx   # an optional dependency (the `test` extra): needed only when requests are sent
 
     stop, answers = threading.Event(), []
@@ -96,12 +116,13 @@ def poll(url: str, every_s: float, timeout_s: float) -> None:
     with httpx.Client(timeout=timeout_s) as http:
         print(READY, flush=True)
         while not stop.is_set():
+            waited = cpu_wait_s()
             sent = time.perf_counter()          # CLOCK_MONOTONIC: the same clock as the load test's
             try:
                 status = http.get(url + "/health").status_code
             except httpx.HTTPError:
                 status = 0
-            answers.append((sent, time.perf_counter() - sent, status))
+            answers.append((sent, time.perf_counter() - sent, status, cpu_wait_s() - waited))
             stop.wait(every_s)
     sys.stdout.write("".join(json.dumps(a) + "\n" for a in answers))
 
@@ -134,27 +155,28 @@ def send_big_body(url: str, body: bytes, headers: dict[str, str], timeout: float
     return outcome
 
 
-def _figures(seconds: list[float]) -> dict:
+def _figures(answers: list[HealthAnswer]) -> dict:
+    seconds = [a.seconds for a in answers]
     return {"polls": len(seconds),
             "median_ms": statistics.median(seconds) * 1000 if seconds else None,
-            "max_ms": max(seconds) * 1000 if seconds else None}
+            "max_ms": max(seconds) * 1000 if seconds else None,
+            "max_ms_less_poller_wait": max(a.server_seconds for a in answers) * 1000 if answers else None}
 
 
 def probe_summary(answers: list[HealthAnswer], big: BigBody | None, started: float) -> dict:
     """`started`: the level's start (perf_counter); the slowest polls are placed from it."""
     good = [a for a in answers if a.status == 200]
     slowest = sorted(good, key=lambda a: a.seconds, reverse=True)[:SLOWEST]
-    summary: dict = {"health": {**_figures([a.seconds for a in good]), "failures": len(answers) - len(good),
-                                "slowest": [[round(a.sent - started, 3), round(a.sent, 3), round(a.seconds * 1000, 1)] for a in slowest]}}
+    summary: dict = {"health": {**_figures(good), "failures": len(answers) - len(good),
+                                "slowest": [[round(a.sent - started, 3), round(a.sent, 3), round(a.seconds * 1000, 1),
+                                             round(a.poller_wait * 1000, 1)] for a in slowest]}}
     if big is not None:
         summary["big_body_sent_at_s"] = round(big.sent - started, 3)
-    if big is not None:
-        inside = [a.seconds for a in good if big.sent <= a.sent and a.sent + a.seconds <= big.answered]
+        inside = [a for a in good if big.sent <= a.sent and a.sent + a.seconds <= big.answered]
         summary["health_during_big_body"] = _figures(inside)
         summary["big_body"] = {**asdict(big), "seconds": big.seconds}
         del summary["big_body"]["sent"], summary["big_body"]["answered"]
     return summary
-
 
 
 if __name__ == "__main__":
