@@ -9,7 +9,11 @@ other bad input (`error: ...`, exit status 2). It also refuses an argument that 
 `run_command(main, argv)` is that error contract for every entry point (`dflash2 ...` and each
 `python -m` module): it runs `main(argv)` and turns a `DFlash2Error` or `OSError` (the file system
 refusing a read or write) into one line `error: ...` with exit status 2 and no traceback, and
-Ctrl-C into `interrupted` with status 130.
+Ctrl-C into `interrupted` with status 130. `exit_now(code)` ends the process once its output is
+out (stdout, stderr and the logging handlers flushed), skipping the interpreter's teardown: after
+a model has run, freeing every module, tensor and object one by one took 1.2-1.7 s of the
+user's wait, which the operating system does at once (for commands that leave nothing to clean
+up at exit: `dflash2 generate`).
 
 `ModelSettings` (target, draft, device, dtype, seed, threads, speculate, tiny) is what
 `add_model_arguments` adds to a parser and `ModelSettings.from_args` reads back, checked (bench,
@@ -21,10 +25,11 @@ comma-separated option, refusing an empty one.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NoReturn
 
 from dflash2.cache import RECALIBRATE_ENV
 from dflash2.errors import DFlash2Error, require
@@ -66,6 +71,16 @@ def run_command(main: Callable[[list[str] | None], int | None], argv: list[str] 
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def exit_now(code: int) -> NoReturn:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):   # a closed pipe or stream: nothing more can reach it
+            pass
+    logging.shutdown()
+    os._exit(code)
 
 
 def _require_utf8(text: str, option: str) -> None:

@@ -11,6 +11,8 @@ untimed, before timing either, and at T > 0 says that the two outputs are not ex
 and then replaces only its config.json and model.safetensors.
 Each handler imports the engine, the targets and the draft code itself (torch, transformers: seconds),
 so `dflash2 --help` and a bad option answer at once; subcommand modules load only when named.
+Run as the program, `generate` ends its process without the interpreter's teardown once its
+output is out (`main`; 1.2-1.7 s saved).
 
     dflash2 generate --prompt TEXT [--target smollm2] [--draft DIR | --no-draft] [--compare] [--json]
     dflash2 init-draft --target T --out DIR [--layers 5] [--block-size 8] [--no-conv] [--no-selector] [--force]
@@ -26,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from dflash2.argparsing import OneLineParser, add_recalibrate_argument, apply_recalibrate, run_command
+from dflash2.argparsing import OneLineParser, add_recalibrate_argument, apply_recalibrate, exit_now, run_command
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import refuse_existing_output
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape
@@ -288,8 +290,18 @@ def _dispatch(argv: list[str]) -> int:
     return handler[args.command](args)
 
 
+_EXIT_AT_ONCE = {"generate"}   # commands whose process ends without the interpreter's teardown
+
+
 def main(argv: list[str] | None = None) -> int:
-    return run_command(_dispatch, list(sys.argv[1:] if argv is None else argv))
+    """`argv` None: this is the program (`dflash2 ...`, `python -m dflash2.cli`), and a command in
+    `_EXIT_AT_ONCE` ends the process itself (`argparsing.exit_now`); called with a list (tests,
+    scripts), it only returns the status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    code = run_command(_dispatch, args)
+    if argv is None and args and args[0] in _EXIT_AT_ONCE:
+        exit_now(code)
+    return code
 
 
 if __name__ == "__main__":
