@@ -270,3 +270,45 @@ def test_at_batch_8_lookup_is_not_verified_at_a_width_its_mean_does_not_pay_for(
     assert policy.lookup_wait >= lost / (0.02 * 0.200) - 1          # ... and budgeted by what it can lose
     waits = [policy.choose(8, offer, block=8).k for _ in range(policy.lookup_wait)]
     assert waits == [0] * len(waits)                                # plain steps until the next probe
+
+
+# ---------------------------------------------------------------------- a fixed batch
+def _two_rows(plain_one_row: float) -> tuple[SpeculationPolicy, Offer, list[int]]:
+    """Two rows with 40 tokens of room each: lookup offers 7 tokens it is 95 % sure of for the first
+    and nothing for the second; a plain step of both rows costs 0.1 s, an 8-token pass 0.2 s, and a
+    plain step of one row `plain_one_row`."""
+    costs = CostModel()
+    for b, q, s in ((1, 1, plain_one_row), (2, 1, 0.100), (2, 8, 0.200)):
+        costs.observe_verify(b, q, s)
+    return SpeculationPolicy("auto", costs), Offer([True, True], None, [[0.95] * 7, []]), [40, 40]
+
+
+def test_a_fixed_batch_does_not_make_the_row_lookup_cannot_help_wait_through_wide_passes():
+    """A pass costs the same for one row as for two (0.1 s): the second row needs 40 plain steps
+    whatever the first does, so an 8-token pass only makes it wait longer (the batch ends no
+    sooner). A batch that refills counts the first row's tokens per second and verifies them; a
+    fixed batch (the time until its last row ends) takes the plain step."""
+    policy, offer, room = _two_rows(plain_one_row=0.100)
+    assert policy.choose(2, offer, block=8).k == 7                    # an open batch: 7.6 tokens in 0.2 s
+    fixed = policy.fresh().choose(2, Offer(offer.greedy, None, offer.lookup, remaining=room), block=8)
+    assert fixed.k == 0 and fixed.rate == pytest.approx(policy.plain_rate(2))
+
+
+def test_a_fixed_batch_verifies_width_when_finishing_rows_early_makes_the_rest_cheaper():
+    """Where a pass costs per row (one row 0.05 s, two 0.1 s) the first row's early end halves the
+    second row's steps: the same width is worth it, and the fixed batch's rate is the open batch's
+    (saved time is then proportional to the tokens committed)."""
+    policy, offer, room = _two_rows(plain_one_row=0.050)
+    open_choice = policy.choose(2, offer, block=8)
+    fixed = policy.fresh().choose(2, Offer(offer.greedy, None, offer.lookup, remaining=room), block=8)
+    assert fixed.k == open_choice.k == 7
+    assert fixed.rate == pytest.approx(open_choice.rate)
+
+
+def test_plain_decoding_time_of_a_fixed_batch_counts_the_rows_still_running():
+    from dflash2.decoding.horizon import plain_seconds, saved_seconds, step_curve
+    steps = [0.05, 0.08, 0.1]                                          # 1, 2, 3 rows
+    assert plain_seconds([2, 5, 3], steps) == pytest.approx(2 * 0.1 + 1 * 0.08 + 2 * 0.05)
+    assert saved_seconds([2, 5, 3], [1, 1, 1], steps) == pytest.approx(0.1)   # a plain step saves its time
+    assert saved_seconds([2, 5, 3], [4, 4, 4], steps) == pytest.approx(plain_seconds([2, 5, 3], steps) - 0.05)
+    assert step_curve(6, lambda n: 0.1 * n * n) == pytest.approx([0.1, 0.4, 1.0, 1.6, 2.6, 3.6])  # 1, 2, 4, 6 exact

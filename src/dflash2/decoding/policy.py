@@ -25,7 +25,9 @@ Contract:
   and the times from `costs` (`decoding.costs.CostModel`; in a probe at its optimistic figures, so
   that figures this run has not observed -- a calibration stored or measured under another load --
   cannot rule speculation out without it being measured). Plain decoding's rate is
-  b / (t_verify(b, 1) + t_host). Rows of one pass may verify different sources and lengths: each
+  b / (t_verify(b, 1) + t_host). A fixed batch (`Offer.remaining`: each row's room, batches of
+  `generate`, no queue to refill them) is rated instead by the plain decoding time a cycle saves
+  per second (`rate`, `decoding.horizon`): what ends its last row soonest. Rows of one pass may verify different sources and lengths: each
   row's block is its own. A third option per row, when the offer says where the draft's and
   lookup's tokens stop agreeing (`Offer.shared`: greedy rows of a target that can verify trees),
   is both as a tree (`tree_options`: the shared prefix once, then both branches; at most one of
@@ -60,6 +62,7 @@ import math
 from dataclasses import dataclass, field
 
 from dflash2.decoding.costs import CostModel
+from dflash2.decoding.horizon import saved_seconds, step_curve
 
 SPECULATE_MODES = ("auto", "always", "never")
 
@@ -139,10 +142,13 @@ class Offer:
     lookup: list[list[float]] | None = None
     shared: list[int | None] | None = None   # per row: tokens the draft and lookup proposals share
                                              # at their start, where both may be verified as a tree
+    remaining: list[int] | None = None       # per row: tokens it may still commit, when the batch is
+                                             # fixed (`decoding.horizon`); None: a batch that refills
 
     @classmethod
     def of(cls, greedy: list[bool], draft: list[list[float]] | None = None,
-           lookup: list[list[float]] | None = None, shared: list[int | None] | None = None) -> "Offer":
+           lookup: list[list[float]] | None = None, shared: list[int | None] | None = None,
+           remaining: list[int] | None = None) -> "Offer":
         """A sampled row's draft tokens were drawn at random: choosing by their confidence would
         make the choice depend on the draw, which biases the output (the acceptance rule is exact
         for a proposal chosen independently of it). Those rows offer a constant instead, so the
@@ -152,13 +158,13 @@ class Offer:
             draft = [c if g else [SAMPLED_DRAFT_CONFIDENCE] * len(c) for c, g in zip(draft, greedy)]
         if shared is not None:
             shared = [s if g else None for s, g in zip(shared, greedy)]
-        return cls(greedy, draft, lookup, shared)
+        return cls(greedy, draft, lookup, shared, remaining)
 
     def sources(self) -> list[tuple[str, list[list[float]]]]:
         return [(name, c) for name, c in zip(SOURCES, (self.draft, self.lookup)) if c is not None]
 
     def without_draft(self) -> "Offer":
-        return Offer(self.greedy, None, self.lookup)
+        return Offer(self.greedy, None, self.lookup, None, self.remaining)
 
 
 def tree_options(draft: list[float], lookup: list[float], shared: int) -> list[tuple[float, int, int, int]]:
@@ -320,15 +326,17 @@ class SpeculationPolicy:
 
     def _best(self, b: int, expectations: dict[str, list[list[float]]], drafts: int, drafted: bool,
               every: bool = False, trees: list[list[tuple[float, int, int, int]]] | None = None,
-              optimistic: bool = False) -> Choice:
+              optimistic: bool = False, remaining: list[int] | None = None) -> Choice:
         """The k (0..drafts, or up to the widest tree) of the highest rate, each row taking its best
         source at k (a tree of at most k nodes included, its width priced like any verified token);
         `every`: the largest k, every row verifying all that its best option offers; `optimistic`: at
-        the cost model's optimistic figures (a probe's)."""
+        the cost model's optimistic figures (a probe's); `remaining`: a fixed batch's rows' room (see
+        `rate`)."""
         room = max([drafts] + [len(t) - 1 for t in trees or []])
         best = Choice(0, 0.0, -1.0)
+        steps = self._plain_steps(b, remaining)
         for k in ([room] if every else range(room + 1)):
-            expected, sources, lengths, branches = 0.0, [], [], []
+            per_row, sources, lengths, branches = [], [], [], []
             for r in range(b):
                 row_best, source, length, branch = (-1.0 if every else 1.0), "", 0, (0, 0)
                 for name, rows in expectations.items():
@@ -339,16 +347,32 @@ class SpeculationPolicy:
                     tree_expected, nodes, n_draft, n_lookup = trees[r][min(k, len(trees[r]) - 1)]
                     if tree_expected > row_best and nodes:
                         row_best, source, length, branch = tree_expected, "tree", nodes, (n_draft, n_lookup)
-                expected += max(row_best, 1.0)
+                per_row.append(max(row_best, 1.0))
                 sources.append(source)
                 lengths.append(length)
                 branches.append(branch)
             width = max(lengths, default=0)
-            rate = expected / max(self.cycle_seconds(b, width, drafted, optimistic), 1e-9)
+            rate = self.rate(b, per_row, self.cycle_seconds(b, width, drafted, optimistic), remaining, steps)
             if rate > best.rate:
-                best = Choice(width, expected, rate, tuple(sources), tuple(lengths),
+                best = Choice(width, sum(per_row), rate, tuple(sources), tuple(lengths),
                               tuple(branches) if "tree" in sources else ())
         return best
+
+    def _plain_steps(self, b: int, remaining: list[int] | None) -> list[float] | None:
+        """A plain step's seconds at 1..b rows, where a fixed batch's rate needs them."""
+        return None if remaining is None or b == 1 else step_curve(b, self.plain_step_seconds)
+
+    def rate(self, b: int, expected: list[float], seconds: float, remaining: list[int] | None = None,
+             steps: list[float] | None = None) -> float:
+        """What a cycle of `seconds` committing `expected[r]` tokens a row is worth per second: tokens
+        per second; for a fixed batch (`remaining`, b > 1) the plain decoding time it saves per second
+        (`horizon.saved_seconds`), in plain decoding's tokens per second (a plain step: `plain_rate`),
+        so that the time until the last row ends is what is minimised. (One row: the same choice.)"""
+        seconds = max(seconds, 1e-9)
+        if remaining is None or b == 1:
+            return sum(expected) / seconds
+        steps = steps or self._plain_steps(b, remaining)
+        return saved_seconds(remaining, expected, steps) / seconds * b / max(steps[-1], 1e-9)
 
     def _pays(self, rate: float, without: float) -> bool:
         return rate >= without * (1 + self.margin)
@@ -363,24 +387,26 @@ class SpeculationPolicy:
         if self.mode != "auto" or self.outlook is None or offer.lookup is None:
             return True
         lookup = self._expectations(offer)
-        alone = self._best(b, lookup, block - 1, drafted=False)
+        alone = self._best(b, lookup, block - 1, drafted=False, remaining=offer.remaining)
         k, per_row = round(self.outlook[0]), self.outlook[1]
-        mixed = sum(max(per_row, row[min(k, len(row) - 1)]) for row in lookup["lookup"])
-        return mixed / max(self.cycle_seconds(b, k, True), 1e-9) > alone.rate
+        mixed = [max(per_row, row[min(k, len(row) - 1)]) for row in lookup["lookup"]]
+        return self.rate(b, mixed, self.cycle_seconds(b, k, True), offer.remaining) > alone.rate
 
     def choose(self, b: int, offer: Offer, block: int, probe: bool = False) -> Choice:
         """What to verify this cycle, by expected committed tokens per second; see the module docstring."""
         drafts = block - 1
         drafted = offer.draft is not None
         if self.mode == "always":
-            return self._best(b, self._expectations(offer), drafts, drafted, every=True, trees=self._trees(offer))
+            return self._best(b, self._expectations(offer), drafts, drafted, every=True, trees=self._trees(offer),
+                              remaining=offer.remaining)
         if not drafted:                          # lookup alone, or nothing
             return self._lookup_choice(b, offer, drafts)
         optimism = self.optimism if probe else 0.0
         expectations = self._expectations(offer, optimism)
-        choice = self._best(b, expectations, drafts, True, trees=self._trees(offer, optimism), optimistic=probe)
+        choice = self._best(b, expectations, drafts, True, trees=self._trees(offer, optimism), optimistic=probe,
+                            remaining=offer.remaining)
         without = self._best(b, {n: e for n, e in expectations.items() if n != "draft"}, drafts, False,
-                             optimistic=probe)
+                             optimistic=probe, remaining=offer.remaining)
         if not probe:
             self._follow_outlook(choice, expectations["draft"])
         if choice.k == 0 or (probe and not self._pays(choice.rate, without.rate)):
@@ -408,13 +434,14 @@ class SpeculationPolicy:
         `lookup_backoff` cycles, doubling). So neither a calibration nor a young bin can switch lookup
         off, and exploring a lookup that does not pay costs at most `budget`."""
         expectations = self._expectations(offer)
-        choice = self._best(b, expectations, drafts, False)
+        choice = self._best(b, expectations, drafts, False, remaining=offer.remaining)
         if self.mode != "auto" or offer.lookup is None:
             return choice
         if self.lookup_wait > 0:
             self.lookup_wait -= 1
             return choice
-        optimistic = self._best(b, self._expectations(offer, self.optimism), drafts, False, optimistic=True)
+        optimistic = self._best(b, self._expectations(offer, self.optimism), drafts, False, optimistic=True,
+                                remaining=offer.remaining)
         if optimistic.k <= choice.k:
             return choice
         expected = sum(max(expectations[source][r][n], 1.0) if source else 1.0
@@ -467,8 +494,10 @@ class SpeculationPolicy:
         if record.probe and record.drafted and self.mode == "auto" and self.plain_left == 0:
             self.probing = False               # judge the probe with what it just measured
             expectations = self._expectations(offer)
-            without = self._best(b, {n: e for n, e in expectations.items() if n != "draft"}, len(offer.draft[0]), False)
-            if self._pays(self._best(b, expectations, len(offer.draft[0]), True).rate, without.rate):
+            drafts, remaining = len(offer.draft[0]), offer.remaining
+            without = self._best(b, {n: e for n, e in expectations.items() if n != "draft"}, drafts, False,
+                                 remaining=remaining)
+            if self._pays(self._best(b, expectations, drafts, True, remaining=remaining).rate, without.rate):
                 self.losing, self.backoff = 0, self.min_backoff
             else:
                 self._fall_back(b, self._lost(b, record.seconds, sum(record.accepted) + b))
