@@ -312,3 +312,20 @@ def test_plain_decoding_time_of_a_fixed_batch_counts_the_rows_still_running():
     assert saved_seconds([2, 5, 3], [1, 1, 1], steps) == pytest.approx(0.1)   # a plain step saves its time
     assert saved_seconds([2, 5, 3], [4, 4, 4], steps) == pytest.approx(plain_seconds([2, 5, 3], steps) - 0.05)
     assert step_curve(6, lambda n: 0.1 * n * n) == pytest.approx([0.1, 0.4, 1.0, 1.6, 2.6, 3.6])  # 1, 2, 4, 6 exact
+
+
+def test_a_batch_size_whose_plain_step_was_never_timed_takes_one_first():
+    """A stored table adopted from a batch-8 run has no one-row figures: a one-row plain step is then
+    predicted at the price of the narrowest pass known (8 tokens), so any lookup match looks like it
+    pays and, verified every cycle, no plain step ever shows otherwise (the demo's chat prompt). The
+    first cycle at a batch size the run has not timed a plain step at is one; then the rate decides."""
+    costs = CostModel()
+    costs.load_calibration({(8, 1): 0.090, (8, 8): 0.290})
+    costs.observe_verify(1, 8, 0.080)
+    policy = SpeculationPolicy("auto", costs)
+    offer = Offer([True], None, [[0.05] + [0.5] * 6])                # a 5 % first token: never worth a pass
+    assert costs.verify(1, 1) == pytest.approx(costs.verify(1, 8))   # what the old rule weighed
+    assert not policy.plan(1).draft and policy.choose(1, offer, block=8).k == 0
+    policy.observe(CycleRecord(1, offer, Choice(0, 1.0, 0.0, ("",), (0,)), False, False, [0], [0], 1, 0.0, 0.040))
+    policy.lookup_wait = 10                                           # no lookup probe: the mean decides
+    assert policy.plan(1).draft and policy.choose(1, offer, block=8).k == 0   # timed: it does not pay

@@ -8,7 +8,9 @@ Contract:
     fall back to plain decoding for the batch when speculation does not pay, probing again later.
 - `plan(b)` -> `CyclePlan(draft, probe)`: whether this cycle runs the draft (False: a plain
   one-token step), and whether it is a probe (the first speculative cycle of the decoder or after
-  a fallback: its length is chosen optimistically, to learn what the draft is worth).
+  a fallback: its length is chosen optimistically, to learn what the draft is worth). In `auto`
+  the first cycle at a batch size whose plain step this run has not timed is a plain step
+  (`unmeasured`; `choose` verifies nothing then either).
 - `drafted(b, seconds)`: the draft pass just ran and took `seconds` (known before the length is
   chosen, so even the first choice weighs it).
 - `choose(b, offer, block, probe)` -> `Choice`: given the `Offer` (per row, each source's
@@ -285,7 +287,17 @@ class SpeculationPolicy:
             if self.plain_left == 0:
                 self.probing = True
             return CyclePlan(draft=False)
+        if self.unmeasured(b):
+            return CyclePlan(draft=False)
         return CyclePlan(draft=True, probe=self.probing)
+
+    def unmeasured(self, b: int) -> bool:
+        """`auto` has not timed a plain step of b rows in this run: the next cycle is one (free against
+        plain decoding), since every choice is weighed against it and a figure only calibrated or
+        predicted (a stored table of other batch sizes: then a one-row plain step reads as dear as
+        the narrowest pass it has) would decide unchecked: a speculation that the policy
+        believes pays never takes the plain step that would show it does not."""
+        return self.mode == "auto" and (b, 1) not in self.costs.observed_s
 
     def drafted(self, b: int, seconds: float) -> None:
         self.costs.observe_draft(b, seconds)
@@ -399,6 +411,8 @@ class SpeculationPolicy:
         if self.mode == "always":
             return self._best(b, self._expectations(offer), drafts, drafted, every=True, trees=self._trees(offer),
                               remaining=offer.remaining)
+        if self.unmeasured(b):
+            return self._best(b, {}, 0, drafted)
         if not drafted:                          # lookup alone, or nothing
             return self._lookup_choice(b, offer, drafts)
         optimism = self.optimism if probe else 0.0
