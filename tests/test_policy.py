@@ -329,3 +329,17 @@ def test_a_batch_size_whose_plain_step_was_never_timed_takes_one_first():
     policy.observe(CycleRecord(1, offer, Choice(0, 1.0, 0.0, ("",), (0,)), False, False, [0], [0], 1, 0.0, 0.040))
     policy.lookup_wait = 10                                           # no lookup probe: the mean decides
     assert policy.plan(1).draft and policy.choose(1, offer, block=8).k == 0   # timed: it does not pay
+
+
+def test_a_young_bin_inherits_how_the_sources_other_bins_turned_out():
+    """Lookup matches that chat text rejects (bins 3-5) make a bin never yet reached (bin 7) expect
+    less than its face value, and matches that are always accepted make it expect more: a source is
+    not tried bin by bin at the confidence it claims."""
+    rejected, accepted = AcceptanceModel(), AcceptanceModel()
+    for c in (0.35, 0.45, 0.55) * 4:
+        rejected.observe([c], greedy=True, verified=1, accepted=0)
+        accepted.observe([c], greedy=True, verified=1, accepted=1)
+    face = AcceptanceModel().probabilities([0.75], greedy=True)[0]
+    assert face == pytest.approx(0.75)
+    assert rejected.probabilities([0.75], greedy=True)[0] < 0.25 < 0.9 < accepted.probabilities([0.75], greedy=True)[0]
+    assert rejected.probabilities([0.75], greedy=False)[0] == pytest.approx(0.75)   # sampled rows: their own

@@ -63,6 +63,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from dflash2.decoding.acceptance_model import AcceptanceModel, expectations_by_length, expected_tokens
 from dflash2.decoding.costs import CostModel
 from dflash2.decoding.horizon import saved_seconds, step_curve
 
@@ -75,64 +76,8 @@ class CyclePlan:
     probe: bool = False
 
 
-@dataclass
-class AcceptanceModel:
-    """P(draft accepted | it was reached, the draft's confidence in it), per confidence bin, learned
-    online (Beta counts), separately for greedy and for sampled rows. The prior of a bin is its
-    mid confidence with the weight of two observations."""
-    bins: int = 10
-    prior_weight: float = 2.0
-    counts: dict[bool, list[list[float]]] = field(default_factory=dict)  # greedy -> [bin] -> [accepted, reached]
-
-    def _table(self, greedy: bool) -> list[list[float]]:
-        if greedy not in self.counts:
-            self.counts[greedy] = [[self.prior_weight * (i + 0.5) / self.bins, self.prior_weight]
-                                   for i in range(self.bins)]
-        return self.counts[greedy]
-
-    def _bin(self, confidence: float) -> int:
-        return min(int(confidence * self.bins), self.bins - 1)
-
-    def probabilities(self, confidence: list[float], greedy: bool, optimism: float = 0.0) -> list[float]:
-        """The posterior mean per position, plus `optimism` posterior standard deviations (at most 1)."""
-        out = []
-        table = self._table(greedy)
-        for c in confidence:
-            accepted, reached = table[self._bin(c)]
-            mean = accepted / reached
-            out.append(min(mean + optimism * math.sqrt(mean * (1 - mean) / (reached + 1)), 1.0))
-        return out
-
-    def observe(self, confidence: list[float], greedy: bool, verified: int, accepted: int) -> None:
-        """Positions 1..verified were verified; drafts 1..accepted were accepted, so positions
-        1..min(accepted + 1, verified) were reached."""
-        table = self._table(greedy)
-        for j in range(min(accepted + 1, verified)):
-            cell = table[self._bin(confidence[j])]
-            cell[0] += 1.0 if j < accepted else 0.0
-            cell[1] += 1.0
-
-
-def expected_tokens(probabilities: list[float], k: int) -> float:
-    """E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j: expected tokens committed when k drafts are verified."""
-    total, reach = 1.0, 1.0
-    for a in probabilities[:k]:
-        reach *= a
-        total += reach
-    return total
-
-
 SOURCES = ("draft", "lookup")
 SAMPLED_DRAFT_CONFIDENCE = 0.5   # what the policy sees of a sampled row's draft tokens (see `Offer.of`)
-
-
-def expectations_by_length(probabilities: list[float]) -> list[float]:
-    """[E(0), E(1), ..., E(T)] of `expected_tokens` in one pass."""
-    out, reach = [1.0], 1.0
-    for a in probabilities:
-        reach *= a
-        out.append(out[-1] + reach)
-    return out
 
 
 @dataclass(frozen=True)
