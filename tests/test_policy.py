@@ -343,3 +343,18 @@ def test_a_young_bin_inherits_how_the_sources_other_bins_turned_out():
     assert face == pytest.approx(0.75)
     assert rejected.probabilities([0.75], greedy=True)[0] < 0.25 < 0.9 < accepted.probabilities([0.75], greedy=True)[0]
     assert rejected.probabilities([0.75], greedy=False)[0] == pytest.approx(0.75)   # sampled rows: their own
+
+
+def test_two_explored_sources_share_one_exploration_budget():
+    """Hybrid explores the draft and lookup: each waits twice as long between probes as a source
+    explored alone, so the two together cost at most the `budget` that one alone may."""
+    waits = []
+    for sources in (1, 2):
+        costs = CostModel()
+        for q, s in ((1, 0.200), (8, 0.600)):
+            costs.observe_verify(8, q, s)
+        policy = SpeculationPolicy("auto", costs, budget=0.01, sources=sources)
+        assert policy.choose(8, Offer([True] * 8, None, [[0.35] * 7] * 8), block=8).k > 0   # a lookup probe
+        waits.append(policy.lookup_wait)
+        assert policy.fresh().sources == sources
+    assert waits[1] >= 2 * waits[0] - 1

@@ -131,7 +131,8 @@ class SpeculativeDecoder:
             require(target.target_layer_ids == draft.config.target_layer_ids,
                     "target adapter taps different layers than the draft's target_layer_ids")
             draft.bind_target(target.embed_weight(), target.lm_head_weight())
-        self.policy = SpeculationPolicy(speculate if proposer is not None else "never")
+        self.policy = SpeculationPolicy(speculate if proposer is not None else "never",
+                                        sources=2 if proposer == "hybrid" else 1)
         self.calibration: StoredCalibration | None = None   # where the policy's cost calibration is stored
 
     custom_proposer = False  # test decoders that bring their own proposer set this

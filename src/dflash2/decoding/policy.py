@@ -51,7 +51,9 @@ Contract:
   the cycle's time beyond that of plain steps committing its expected tokens, is at most
   `budget` of the fallback's time; at least `backoff` steps, which doubles after each fallback
   (up to `max_backoff`) and returns to `min_backoff` once speculation pays. So a draft that never
-  pays costs at most `budget` of plain decoding's time after its first probe.
+  pays costs at most `budget` of plain decoding's time after its first probe. `sources` (2 for
+  `hybrid`, whose draft and lookup are both explored) splits `budget` between them, so exploring
+  both costs at most what exploring one does.
 - `fresh()`: a policy with the same settings and cost model that has learned nothing of the draft.
 - `observe(record)` feeds back what a cycle did (`CycleRecord`): the acceptance per row and source
   (calibration) and the measured times (costs).
@@ -196,7 +198,7 @@ class CycleRecord:
 class SpeculationPolicy:
     def __init__(self, mode: str = "auto", costs: CostModel | None = None, patience: int = 3,
                  min_backoff: int = 8, max_backoff: int = 512, budget: float = 0.02, optimism: float = 1.0,
-                 margin: float = 0.0):
+                 margin: float = 0.0, sources: int = 1):
         if mode not in SPECULATE_MODES:
             raise ValueError(f"speculate mode must be one of {', '.join(SPECULATE_MODES)}, got {mode!r}")
         self.mode = mode
@@ -204,7 +206,7 @@ class SpeculationPolicy:
         self.acceptance = AcceptanceModel()           # the draft's calibration
         self.lookup_acceptance = AcceptanceModel()    # the lookup proposer's
         self.patience, self.min_backoff, self.max_backoff, self.margin = patience, min_backoff, max_backoff, margin
-        self.budget, self.optimism = budget, optimism
+        self.budget, self.optimism, self.sources = budget, optimism, sources
         self.backoff = min_backoff
         self.losing = 0          # consecutive cycles whose best rate was below that without the draft
         self.plain_left = 0      # cycles left in the current fallback (no draft pass)
@@ -216,7 +218,7 @@ class SpeculationPolicy:
     def fresh(self) -> "SpeculationPolicy":
         """The same settings and cost model, nothing learned of the proposers, no fallback under way."""
         return SpeculationPolicy(self.mode, self.costs, self.patience, self.min_backoff, self.max_backoff,
-                                 self.budget, self.optimism, self.margin)
+                                 self.budget, self.optimism, self.margin, self.sources)
 
     def _table(self, source: str) -> AcceptanceModel:
         return self.acceptance if source == "draft" else self.lookup_acceptance
@@ -426,7 +428,8 @@ class SpeculationPolicy:
     def _fallback_length(self, b: int, lost_seconds: float, backoff: int) -> int:
         """Plain steps enough that `lost_seconds` is at most `budget` of their time, at least
         `backoff` of them, at most `max_backoff`."""
-        needed = math.ceil(max(lost_seconds, 0.0) / max(self.budget * self.plain_step_seconds(b), 1e-12))
+        share = self.budget / self.sources      # each explored source its share: hybrid's two cost what one does
+        needed = math.ceil(max(lost_seconds, 0.0) / max(share * self.plain_step_seconds(b), 1e-12))
         return min(max(backoff, needed), self.max_backoff)
 
     def _fall_back(self, b: int, lost_seconds: float) -> None:
