@@ -240,3 +240,28 @@ def test_proposer_options_are_checked_before_anything_loads(options, message):
 
     with pytest.raises(DFlash2Error, match=message):
         prepare_decoder("no-such-target", **options)     # the target is never opened
+
+
+def test_generate_runs_a_fixed_batch_and_a_session_an_open_one(tiny_models):
+    """`generate` tells the policy each row's room (the time until the last row ends is what counts);
+    a session that may take requests later does not, and refuses none of them."""
+    decoder = decoder_for(tiny_models, "llama", "lookup", "auto")
+    seen = []
+    choose = decoder.policy.choose
+    decoder.policy.choose = lambda b, offer, *args: seen.append(offer.remaining) or choose(b, offer, *args)
+    prompts = [[1, 2, 3, 1, 2], [4, 5, 4, 5]]
+    decoder.generate(prompts, GenerationConfig(max_new_tokens=6))
+    assert seen[0] == [5, 5] and all(r is not None for r in seen)      # the prefill's token is committed
+    seen.clear()
+    session = decoder.session()
+    session.add(prompts, GenerationConfig(max_new_tokens=6))
+    session.step()
+    session.add(prompts[:1], GenerationConfig(max_new_tokens=6))
+    while session:
+        session.step()
+    assert seen and all(r is None for r in seen)
+    fixed = decoder.session(fixed=True)
+    fixed.add(prompts, GenerationConfig(max_new_tokens=6))
+    fixed.step()
+    with pytest.raises(DFlash2Error, match="fixed batch"):
+        fixed.add(prompts[:1], GenerationConfig(max_new_tokens=6))

@@ -270,3 +270,91 @@ def test_at_batch_8_lookup_is_not_verified_at_a_width_its_mean_does_not_pay_for(
     assert policy.lookup_wait >= lost / (0.02 * 0.200) - 1          # ... and budgeted by what it can lose
     waits = [policy.choose(8, offer, block=8).k for _ in range(policy.lookup_wait)]
     assert waits == [0] * len(waits)                                # plain steps until the next probe
+
+
+# ---------------------------------------------------------------------- a fixed batch
+def _two_rows(plain_one_row: float) -> tuple[SpeculationPolicy, Offer, list[int]]:
+    """Two rows with 40 tokens of room each: lookup offers 7 tokens it is 95 % sure of for the first
+    and nothing for the second; a plain step of both rows costs 0.1 s, an 8-token pass 0.2 s, and a
+    plain step of one row `plain_one_row`."""
+    costs = CostModel()
+    for b, q, s in ((1, 1, plain_one_row), (2, 1, 0.100), (2, 8, 0.200)):
+        costs.observe_verify(b, q, s)
+    return SpeculationPolicy("auto", costs), Offer([True, True], None, [[0.95] * 7, []]), [40, 40]
+
+
+def test_a_fixed_batch_does_not_make_the_row_lookup_cannot_help_wait_through_wide_passes():
+    """A pass costs the same for one row as for two (0.1 s): the second row needs 40 plain steps
+    whatever the first does, so an 8-token pass only makes it wait longer (the batch ends no
+    sooner). A batch that refills counts the first row's tokens per second and verifies them; a
+    fixed batch (the time until its last row ends) takes the plain step."""
+    policy, offer, room = _two_rows(plain_one_row=0.100)
+    assert policy.choose(2, offer, block=8).k == 7                    # an open batch: 7.6 tokens in 0.2 s
+    fixed = policy.fresh().choose(2, Offer(offer.greedy, None, offer.lookup, remaining=room), block=8)
+    assert fixed.k == 0 and fixed.rate == pytest.approx(policy.plain_rate(2))
+
+
+def test_a_fixed_batch_verifies_width_when_finishing_rows_early_makes_the_rest_cheaper():
+    """Where a pass costs per row (one row 0.05 s, two 0.1 s) the first row's early end halves the
+    second row's steps: the same width is worth it, and the fixed batch's rate is the open batch's
+    (saved time is then proportional to the tokens committed)."""
+    policy, offer, room = _two_rows(plain_one_row=0.050)
+    open_choice = policy.choose(2, offer, block=8)
+    fixed = policy.fresh().choose(2, Offer(offer.greedy, None, offer.lookup, remaining=room), block=8)
+    assert fixed.k == open_choice.k == 7
+    assert fixed.rate == pytest.approx(open_choice.rate)
+
+
+def test_plain_decoding_time_of_a_fixed_batch_counts_the_rows_still_running():
+    from dflash2.decoding.horizon import plain_seconds, saved_seconds, step_curve
+    steps = [0.05, 0.08, 0.1]                                          # 1, 2, 3 rows
+    assert plain_seconds([2, 5, 3], steps) == pytest.approx(2 * 0.1 + 1 * 0.08 + 2 * 0.05)
+    assert saved_seconds([2, 5, 3], [1, 1, 1], steps) == pytest.approx(0.1)   # a plain step saves its time
+    assert saved_seconds([2, 5, 3], [4, 4, 4], steps) == pytest.approx(plain_seconds([2, 5, 3], steps) - 0.05)
+    assert step_curve(6, lambda n: 0.1 * n * n) == pytest.approx([0.1, 0.4, 1.0, 1.6, 2.6, 3.6])  # 1, 2, 4, 6 exact
+
+
+def test_a_batch_size_whose_plain_step_was_never_timed_takes_one_first():
+    """A stored table adopted from a batch-8 run has no one-row figures: a one-row plain step is then
+    predicted at the price of the narrowest pass known (8 tokens), so any lookup match looks like it
+    pays and, verified every cycle, no plain step ever shows otherwise (the demo's chat prompt). The
+    first cycle at a batch size the run has not timed a plain step at is one; then the rate decides."""
+    costs = CostModel()
+    costs.load_calibration({(8, 1): 0.090, (8, 8): 0.290})
+    costs.observe_verify(1, 8, 0.080)
+    policy = SpeculationPolicy("auto", costs)
+    offer = Offer([True], None, [[0.05] + [0.5] * 6])                # a 5 % first token: never worth a pass
+    assert costs.verify(1, 1) == pytest.approx(costs.verify(1, 8))   # what the old rule weighed
+    assert not policy.plan(1).draft and policy.choose(1, offer, block=8).k == 0
+    policy.observe(CycleRecord(1, offer, Choice(0, 1.0, 0.0, ("",), (0,)), False, False, [0], [0], 1, 0.0, 0.040))
+    policy.lookup_wait = 10                                           # no lookup probe: the mean decides
+    assert policy.plan(1).draft and policy.choose(1, offer, block=8).k == 0   # timed: it does not pay
+
+
+def test_a_young_bin_inherits_how_the_sources_other_bins_turned_out():
+    """Lookup matches that chat text rejects (bins 3-5) make a bin never yet reached (bin 7) expect
+    less than its face value, and matches that are always accepted make it expect more: a source is
+    not tried bin by bin at the confidence it claims."""
+    rejected, accepted = AcceptanceModel(), AcceptanceModel()
+    for c in (0.35, 0.45, 0.55) * 4:
+        rejected.observe([c], greedy=True, verified=1, accepted=0)
+        accepted.observe([c], greedy=True, verified=1, accepted=1)
+    face = AcceptanceModel().probabilities([0.75], greedy=True)[0]
+    assert face == pytest.approx(0.75)
+    assert rejected.probabilities([0.75], greedy=True)[0] < 0.25 < 0.9 < accepted.probabilities([0.75], greedy=True)[0]
+    assert rejected.probabilities([0.75], greedy=False)[0] == pytest.approx(0.75)   # sampled rows: their own
+
+
+def test_two_explored_sources_share_one_exploration_budget():
+    """Hybrid explores the draft and lookup: each waits twice as long between probes as a source
+    explored alone, so the two together cost at most the `budget` that one alone may."""
+    waits = []
+    for sources in (1, 2):
+        costs = CostModel()
+        for q, s in ((1, 0.200), (8, 0.600)):
+            costs.observe_verify(8, q, s)
+        policy = SpeculationPolicy("auto", costs, budget=0.01, sources=sources)
+        assert policy.choose(8, Offer([True] * 8, None, [[0.35] * 7] * 8), block=8).k > 0   # a lookup probe
+        waits.append(policy.lookup_wait)
+        assert policy.fresh().sources == sources
+    assert waits[1] >= 2 * waits[0] - 1

@@ -85,6 +85,7 @@ def _policy(per_token: float) -> SpeculationPolicy:
     costs = CostModel()
     for q in (1, 8, 32):
         costs.observe_verify(1, q, 0.01 + per_token * q)
+    costs.observe_verify(2, 1, 0.01 + 2 * per_token)    # a plain step timed at each batch size used
     costs.observe_draft(1, 0.001)
     policy = SpeculationPolicy("auto", costs)
     for name in ("draft", "lookup"):           # both sources calibrated: right as often as they are confident

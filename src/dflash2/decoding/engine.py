@@ -15,9 +15,11 @@ Contract:
   `policy.SPECULATE_MODES` value: `auto` verifies only as many proposed tokens as pay for
   themselves and falls back to plain decoding when the draft does not pay; `always` verifies the
   whole block every cycle.
-- `session()` -> `DecodeSession`, a running batch: `add(prompts, config)` queues requests, which
+- `session(fixed=False)` -> `DecodeSession`, a running batch: `add(prompts, config)` queues requests, which
   join at the next cycle boundary (their prefill merged into the ragged batch); `cancel(key)`
   drops one at the next boundary; `step()` runs one cycle and returns the `Event`s it produced.
+  `fixed` (`generate`, `decode_events`): no request joins once it runs, so the policy minimises
+  the time until its last row ends (`decoding.horizon`), not the tokens/s of a batch that refills.
   Every row keeps its own sampling settings, seed, stop tokens and length limit, and its own
   acceptance (rows that accept more advance more; the caches are re-aligned, never truncated to the
   slowest row). Stop tokens and `max_new_tokens` are honoured exactly, even mid-block.
@@ -129,7 +131,8 @@ class SpeculativeDecoder:
             require(target.target_layer_ids == draft.config.target_layer_ids,
                     "target adapter taps different layers than the draft's target_layer_ids")
             draft.bind_target(target.embed_weight(), target.lm_head_weight())
-        self.policy = SpeculationPolicy(speculate if proposer is not None else "never")
+        self.policy = SpeculationPolicy(speculate if proposer is not None else "never",
+                                        sources=2 if proposer == "hybrid" else 1)
         self.calibration: StoredCalibration | None = None   # where the policy's cost calibration is stored
 
     custom_proposer = False  # test decoders that bring their own proposer set this
@@ -139,18 +142,18 @@ class SpeculativeDecoder:
         return self.policy.mode
 
     # ------------------------------------------------------------------ public API
-    def session(self) -> "DecodeSession":
-        return DecodeSession(self)
+    def session(self, fixed: bool = False) -> "DecodeSession":
+        return DecodeSession(self, fixed)
 
     def decode_events(self, prompts: list[list[int]], config: GenerationConfig) -> Iterator[Event]:
-        session = self.session()
+        session = self.session(fixed=True)
         session.add(prompts, config)
         while session:
             yield from session.step()
 
     def generate(self, prompts: list[list[int]], config: GenerationConfig) -> list[GenerationResult]:
         results: dict[int, GenerationResult] = {}
-        session = self.session()
+        session = self.session(fixed=True)
         keys = session.add(prompts, config)
         while session:
             for event in session.step():
@@ -193,8 +196,9 @@ class SpeculativeDecoder:
 class DecodeSession:
     """A running batch of requests; see the module docstring."""
 
-    def __init__(self, decoder: SpeculativeDecoder):
+    def __init__(self, decoder: SpeculativeDecoder, fixed: bool = False):
         self.decoder, self.target, self.policy = decoder, decoder.target, decoder.policy
+        self.fixed = fixed
         self.watch = Stopwatch(self.target.device)
         self.timing = BatchTiming()
         speculating = self.policy.mode != "never"
@@ -216,6 +220,7 @@ class DecodeSession:
         """Queue prompts (one row each, sharing `config`); returns their keys. A row of a sampled
         request seeded s uses seed `row_seed(s, i)`, i its index in `prompts`."""
         self.decoder.check(prompts, config)
+        require(not (self.fixed and self.rows), "a fixed batch takes no requests once it runs")
         keys = []
         for index, prompt in enumerate(prompts):
             key = next(self._keys)
@@ -285,7 +290,8 @@ class DecodeSession:
                 proposal = self.proposer.propose(self.anchors, start, self.block, self.sampling.temperature,
                                                  self.sampling.seed)
             self.policy.drafted(b, timer.seconds["draft"])
-            offer = Offer.of(offer.greedy, _confidence(proposal), offer.lookup, self._shared(proposal, lookups))
+            offer = Offer.of(offer.greedy, _confidence(proposal), offer.lookup, self._shared(proposal, lookups),
+                             offer.remaining)
         with self.watch("policy"):
             choice = self.policy.choose(b, offer, self.block, plan.probe) if offer.sources() else _nothing(b)
         block = self._assemble(choice, proposal, lookups)
@@ -330,11 +336,12 @@ class DecodeSession:
     def _look_up(self) -> tuple[list[Lookup] | None, Offer]:
         """Each row's lookup proposal (None without a lookup proposer) and the offer it makes."""
         greedy = self.sampling.greedy.tolist()
+        remaining = [r.config.max_new_tokens - len(r.output) for r in self.rows] if self.fixed else None
         if self.lookup is None or self.block < 2:
-            return None, Offer(greedy)
+            return None, Offer(greedy, remaining=remaining)
         with self.watch("lookup"):
             lookups = self.lookup.propose(self.block - 1)
-        return lookups, Offer.of(greedy, lookup=[found.confidence for found in lookups])
+        return lookups, Offer.of(greedy, lookup=[found.confidence for found in lookups], remaining=remaining)
 
     def _shared(self, proposal: Proposal, lookups: list[Lookup] | None) -> list[int | None] | None:
         """Per row, the tokens the draft's and lookup's proposals share at their start, where both

@@ -8,7 +8,9 @@ Contract:
     fall back to plain decoding for the batch when speculation does not pay, probing again later.
 - `plan(b)` -> `CyclePlan(draft, probe)`: whether this cycle runs the draft (False: a plain
   one-token step), and whether it is a probe (the first speculative cycle of the decoder or after
-  a fallback: its length is chosen optimistically, to learn what the draft is worth).
+  a fallback: its length is chosen optimistically, to learn what the draft is worth). In `auto`
+  the first cycle at a batch size whose plain step this run has not timed is a plain step
+  (`unmeasured`; `choose` verifies nothing then either).
 - `drafted(b, seconds)`: the draft pass just ran and took `seconds` (known before the length is
   chosen, so even the first choice weighs it).
 - `choose(b, offer, block, probe)` -> `Choice`: given the `Offer` (per row, each source's
@@ -25,7 +27,9 @@ Contract:
   and the times from `costs` (`decoding.costs.CostModel`; in a probe at its optimistic figures, so
   that figures this run has not observed -- a calibration stored or measured under another load --
   cannot rule speculation out without it being measured). Plain decoding's rate is
-  b / (t_verify(b, 1) + t_host). Rows of one pass may verify different sources and lengths: each
+  b / (t_verify(b, 1) + t_host). A fixed batch (`Offer.remaining`: each row's room, batches of
+  `generate`, no queue to refill them) is rated instead by the plain decoding time a cycle saves
+  per second (`rate`, `decoding.horizon`): what ends its last row soonest. Rows of one pass may verify different sources and lengths: each
   row's block is its own. A third option per row, when the offer says where the draft's and
   lookup's tokens stop agreeing (`Offer.shared`: greedy rows of a target that can verify trees),
   is both as a tree (`tree_options`: the shared prefix once, then both branches; at most one of
@@ -47,7 +51,9 @@ Contract:
   the cycle's time beyond that of plain steps committing its expected tokens, is at most
   `budget` of the fallback's time; at least `backoff` steps, which doubles after each fallback
   (up to `max_backoff`) and returns to `min_backoff` once speculation pays. So a draft that never
-  pays costs at most `budget` of plain decoding's time after its first probe.
+  pays costs at most `budget` of plain decoding's time after its first probe. `sources` (2 for
+  `hybrid`, whose draft and lookup are both explored) splits `budget` between them, so exploring
+  both costs at most what exploring one does.
 - `fresh()`: a policy with the same settings and cost model that has learned nothing of the draft.
 - `observe(record)` feeds back what a cycle did (`CycleRecord`): the acceptance per row and source
   (calibration) and the measured times (costs).
@@ -59,7 +65,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from dflash2.decoding.acceptance_model import AcceptanceModel, expectations_by_length, expected_tokens
 from dflash2.decoding.costs import CostModel
+from dflash2.decoding.horizon import saved_seconds, step_curve
 
 SPECULATE_MODES = ("auto", "always", "never")
 
@@ -70,64 +78,8 @@ class CyclePlan:
     probe: bool = False
 
 
-@dataclass
-class AcceptanceModel:
-    """P(draft accepted | it was reached, the draft's confidence in it), per confidence bin, learned
-    online (Beta counts), separately for greedy and for sampled rows. The prior of a bin is its
-    mid confidence with the weight of two observations."""
-    bins: int = 10
-    prior_weight: float = 2.0
-    counts: dict[bool, list[list[float]]] = field(default_factory=dict)  # greedy -> [bin] -> [accepted, reached]
-
-    def _table(self, greedy: bool) -> list[list[float]]:
-        if greedy not in self.counts:
-            self.counts[greedy] = [[self.prior_weight * (i + 0.5) / self.bins, self.prior_weight]
-                                   for i in range(self.bins)]
-        return self.counts[greedy]
-
-    def _bin(self, confidence: float) -> int:
-        return min(int(confidence * self.bins), self.bins - 1)
-
-    def probabilities(self, confidence: list[float], greedy: bool, optimism: float = 0.0) -> list[float]:
-        """The posterior mean per position, plus `optimism` posterior standard deviations (at most 1)."""
-        out = []
-        table = self._table(greedy)
-        for c in confidence:
-            accepted, reached = table[self._bin(c)]
-            mean = accepted / reached
-            out.append(min(mean + optimism * math.sqrt(mean * (1 - mean) / (reached + 1)), 1.0))
-        return out
-
-    def observe(self, confidence: list[float], greedy: bool, verified: int, accepted: int) -> None:
-        """Positions 1..verified were verified; drafts 1..accepted were accepted, so positions
-        1..min(accepted + 1, verified) were reached."""
-        table = self._table(greedy)
-        for j in range(min(accepted + 1, verified)):
-            cell = table[self._bin(confidence[j])]
-            cell[0] += 1.0 if j < accepted else 0.0
-            cell[1] += 1.0
-
-
-def expected_tokens(probabilities: list[float], k: int) -> float:
-    """E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j: expected tokens committed when k drafts are verified."""
-    total, reach = 1.0, 1.0
-    for a in probabilities[:k]:
-        reach *= a
-        total += reach
-    return total
-
-
 SOURCES = ("draft", "lookup")
 SAMPLED_DRAFT_CONFIDENCE = 0.5   # what the policy sees of a sampled row's draft tokens (see `Offer.of`)
-
-
-def expectations_by_length(probabilities: list[float]) -> list[float]:
-    """[E(0), E(1), ..., E(T)] of `expected_tokens` in one pass."""
-    out, reach = [1.0], 1.0
-    for a in probabilities:
-        reach *= a
-        out.append(out[-1] + reach)
-    return out
 
 
 @dataclass(frozen=True)
@@ -139,10 +91,13 @@ class Offer:
     lookup: list[list[float]] | None = None
     shared: list[int | None] | None = None   # per row: tokens the draft and lookup proposals share
                                              # at their start, where both may be verified as a tree
+    remaining: list[int] | None = None       # per row: tokens it may still commit, when the batch is
+                                             # fixed (`decoding.horizon`); None: a batch that refills
 
     @classmethod
     def of(cls, greedy: list[bool], draft: list[list[float]] | None = None,
-           lookup: list[list[float]] | None = None, shared: list[int | None] | None = None) -> "Offer":
+           lookup: list[list[float]] | None = None, shared: list[int | None] | None = None,
+           remaining: list[int] | None = None) -> "Offer":
         """A sampled row's draft tokens were drawn at random: choosing by their confidence would
         make the choice depend on the draw, which biases the output (the acceptance rule is exact
         for a proposal chosen independently of it). Those rows offer a constant instead, so the
@@ -152,13 +107,13 @@ class Offer:
             draft = [c if g else [SAMPLED_DRAFT_CONFIDENCE] * len(c) for c, g in zip(draft, greedy)]
         if shared is not None:
             shared = [s if g else None for s, g in zip(shared, greedy)]
-        return cls(greedy, draft, lookup, shared)
+        return cls(greedy, draft, lookup, shared, remaining)
 
     def sources(self) -> list[tuple[str, list[list[float]]]]:
         return [(name, c) for name, c in zip(SOURCES, (self.draft, self.lookup)) if c is not None]
 
     def without_draft(self) -> "Offer":
-        return Offer(self.greedy, None, self.lookup)
+        return Offer(self.greedy, None, self.lookup, None, self.remaining)
 
 
 def tree_options(draft: list[float], lookup: list[float], shared: int) -> list[tuple[float, int, int, int]]:
@@ -243,7 +198,7 @@ class CycleRecord:
 class SpeculationPolicy:
     def __init__(self, mode: str = "auto", costs: CostModel | None = None, patience: int = 3,
                  min_backoff: int = 8, max_backoff: int = 512, budget: float = 0.02, optimism: float = 1.0,
-                 margin: float = 0.0):
+                 margin: float = 0.0, sources: int = 1):
         if mode not in SPECULATE_MODES:
             raise ValueError(f"speculate mode must be one of {', '.join(SPECULATE_MODES)}, got {mode!r}")
         self.mode = mode
@@ -251,7 +206,7 @@ class SpeculationPolicy:
         self.acceptance = AcceptanceModel()           # the draft's calibration
         self.lookup_acceptance = AcceptanceModel()    # the lookup proposer's
         self.patience, self.min_backoff, self.max_backoff, self.margin = patience, min_backoff, max_backoff, margin
-        self.budget, self.optimism = budget, optimism
+        self.budget, self.optimism, self.sources = budget, optimism, sources
         self.backoff = min_backoff
         self.losing = 0          # consecutive cycles whose best rate was below that without the draft
         self.plain_left = 0      # cycles left in the current fallback (no draft pass)
@@ -263,7 +218,7 @@ class SpeculationPolicy:
     def fresh(self) -> "SpeculationPolicy":
         """The same settings and cost model, nothing learned of the proposers, no fallback under way."""
         return SpeculationPolicy(self.mode, self.costs, self.patience, self.min_backoff, self.max_backoff,
-                                 self.budget, self.optimism, self.margin)
+                                 self.budget, self.optimism, self.margin, self.sources)
 
     def _table(self, source: str) -> AcceptanceModel:
         return self.acceptance if source == "draft" else self.lookup_acceptance
@@ -279,7 +234,17 @@ class SpeculationPolicy:
             if self.plain_left == 0:
                 self.probing = True
             return CyclePlan(draft=False)
+        if self.unmeasured(b):
+            return CyclePlan(draft=False)
         return CyclePlan(draft=True, probe=self.probing)
+
+    def unmeasured(self, b: int) -> bool:
+        """`auto` has not timed a plain step of b rows in this run: the next cycle is one (free against
+        plain decoding), since every choice is weighed against it and a figure only calibrated or
+        predicted (a stored table of other batch sizes: then a one-row plain step reads as dear as
+        the narrowest pass it has) would decide unchecked: a speculation that the policy
+        believes pays never takes the plain step that would show it does not."""
+        return self.mode == "auto" and (b, 1) not in self.costs.observed_s
 
     def drafted(self, b: int, seconds: float) -> None:
         self.costs.observe_draft(b, seconds)
@@ -320,15 +285,17 @@ class SpeculationPolicy:
 
     def _best(self, b: int, expectations: dict[str, list[list[float]]], drafts: int, drafted: bool,
               every: bool = False, trees: list[list[tuple[float, int, int, int]]] | None = None,
-              optimistic: bool = False) -> Choice:
+              optimistic: bool = False, remaining: list[int] | None = None) -> Choice:
         """The k (0..drafts, or up to the widest tree) of the highest rate, each row taking its best
         source at k (a tree of at most k nodes included, its width priced like any verified token);
         `every`: the largest k, every row verifying all that its best option offers; `optimistic`: at
-        the cost model's optimistic figures (a probe's)."""
+        the cost model's optimistic figures (a probe's); `remaining`: a fixed batch's rows' room (see
+        `rate`)."""
         room = max([drafts] + [len(t) - 1 for t in trees or []])
         best = Choice(0, 0.0, -1.0)
+        steps = self._plain_steps(b, remaining)
         for k in ([room] if every else range(room + 1)):
-            expected, sources, lengths, branches = 0.0, [], [], []
+            per_row, sources, lengths, branches = [], [], [], []
             for r in range(b):
                 row_best, source, length, branch = (-1.0 if every else 1.0), "", 0, (0, 0)
                 for name, rows in expectations.items():
@@ -339,16 +306,32 @@ class SpeculationPolicy:
                     tree_expected, nodes, n_draft, n_lookup = trees[r][min(k, len(trees[r]) - 1)]
                     if tree_expected > row_best and nodes:
                         row_best, source, length, branch = tree_expected, "tree", nodes, (n_draft, n_lookup)
-                expected += max(row_best, 1.0)
+                per_row.append(max(row_best, 1.0))
                 sources.append(source)
                 lengths.append(length)
                 branches.append(branch)
             width = max(lengths, default=0)
-            rate = expected / max(self.cycle_seconds(b, width, drafted, optimistic), 1e-9)
+            rate = self.rate(b, per_row, self.cycle_seconds(b, width, drafted, optimistic), remaining, steps)
             if rate > best.rate:
-                best = Choice(width, expected, rate, tuple(sources), tuple(lengths),
+                best = Choice(width, sum(per_row), rate, tuple(sources), tuple(lengths),
                               tuple(branches) if "tree" in sources else ())
         return best
+
+    def _plain_steps(self, b: int, remaining: list[int] | None) -> list[float] | None:
+        """A plain step's seconds at 1..b rows, where a fixed batch's rate needs them."""
+        return None if remaining is None or b == 1 else step_curve(b, self.plain_step_seconds)
+
+    def rate(self, b: int, expected: list[float], seconds: float, remaining: list[int] | None = None,
+             steps: list[float] | None = None) -> float:
+        """What a cycle of `seconds` committing `expected[r]` tokens a row is worth per second: tokens
+        per second; for a fixed batch (`remaining`, b > 1) the plain decoding time it saves per second
+        (`horizon.saved_seconds`), in plain decoding's tokens per second (a plain step: `plain_rate`),
+        so that the time until the last row ends is what is minimised. (One row: the same choice.)"""
+        seconds = max(seconds, 1e-9)
+        if remaining is None or b == 1:
+            return sum(expected) / seconds
+        steps = steps or self._plain_steps(b, remaining)
+        return saved_seconds(remaining, expected, steps) / seconds * b / max(steps[-1], 1e-9)
 
     def _pays(self, rate: float, without: float) -> bool:
         return rate >= without * (1 + self.margin)
@@ -363,24 +346,28 @@ class SpeculationPolicy:
         if self.mode != "auto" or self.outlook is None or offer.lookup is None:
             return True
         lookup = self._expectations(offer)
-        alone = self._best(b, lookup, block - 1, drafted=False)
+        alone = self._best(b, lookup, block - 1, drafted=False, remaining=offer.remaining)
         k, per_row = round(self.outlook[0]), self.outlook[1]
-        mixed = sum(max(per_row, row[min(k, len(row) - 1)]) for row in lookup["lookup"])
-        return mixed / max(self.cycle_seconds(b, k, True), 1e-9) > alone.rate
+        mixed = [max(per_row, row[min(k, len(row) - 1)]) for row in lookup["lookup"]]
+        return self.rate(b, mixed, self.cycle_seconds(b, k, True), offer.remaining) > alone.rate
 
     def choose(self, b: int, offer: Offer, block: int, probe: bool = False) -> Choice:
         """What to verify this cycle, by expected committed tokens per second; see the module docstring."""
         drafts = block - 1
         drafted = offer.draft is not None
         if self.mode == "always":
-            return self._best(b, self._expectations(offer), drafts, drafted, every=True, trees=self._trees(offer))
+            return self._best(b, self._expectations(offer), drafts, drafted, every=True, trees=self._trees(offer),
+                              remaining=offer.remaining)
+        if self.unmeasured(b):
+            return self._best(b, {}, 0, drafted)
         if not drafted:                          # lookup alone, or nothing
             return self._lookup_choice(b, offer, drafts)
         optimism = self.optimism if probe else 0.0
         expectations = self._expectations(offer, optimism)
-        choice = self._best(b, expectations, drafts, True, trees=self._trees(offer, optimism), optimistic=probe)
+        choice = self._best(b, expectations, drafts, True, trees=self._trees(offer, optimism), optimistic=probe,
+                            remaining=offer.remaining)
         without = self._best(b, {n: e for n, e in expectations.items() if n != "draft"}, drafts, False,
-                             optimistic=probe)
+                             optimistic=probe, remaining=offer.remaining)
         if not probe:
             self._follow_outlook(choice, expectations["draft"])
         if choice.k == 0 or (probe and not self._pays(choice.rate, without.rate)):
@@ -408,13 +395,14 @@ class SpeculationPolicy:
         `lookup_backoff` cycles, doubling). So neither a calibration nor a young bin can switch lookup
         off, and exploring a lookup that does not pay costs at most `budget`."""
         expectations = self._expectations(offer)
-        choice = self._best(b, expectations, drafts, False)
+        choice = self._best(b, expectations, drafts, False, remaining=offer.remaining)
         if self.mode != "auto" or offer.lookup is None:
             return choice
         if self.lookup_wait > 0:
             self.lookup_wait -= 1
             return choice
-        optimistic = self._best(b, self._expectations(offer, self.optimism), drafts, False, optimistic=True)
+        optimistic = self._best(b, self._expectations(offer, self.optimism), drafts, False, optimistic=True,
+                                remaining=offer.remaining)
         if optimistic.k <= choice.k:
             return choice
         expected = sum(max(expectations[source][r][n], 1.0) if source else 1.0
@@ -440,7 +428,8 @@ class SpeculationPolicy:
     def _fallback_length(self, b: int, lost_seconds: float, backoff: int) -> int:
         """Plain steps enough that `lost_seconds` is at most `budget` of their time, at least
         `backoff` of them, at most `max_backoff`."""
-        needed = math.ceil(max(lost_seconds, 0.0) / max(self.budget * self.plain_step_seconds(b), 1e-12))
+        share = self.budget / self.sources      # each explored source its share: hybrid's two cost what one does
+        needed = math.ceil(max(lost_seconds, 0.0) / max(share * self.plain_step_seconds(b), 1e-12))
         return min(max(backoff, needed), self.max_backoff)
 
     def _fall_back(self, b: int, lost_seconds: float) -> None:
@@ -467,8 +456,10 @@ class SpeculationPolicy:
         if record.probe and record.drafted and self.mode == "auto" and self.plain_left == 0:
             self.probing = False               # judge the probe with what it just measured
             expectations = self._expectations(offer)
-            without = self._best(b, {n: e for n, e in expectations.items() if n != "draft"}, len(offer.draft[0]), False)
-            if self._pays(self._best(b, expectations, len(offer.draft[0]), True).rate, without.rate):
+            drafts, remaining = len(offer.draft[0]), offer.remaining
+            without = self._best(b, {n: e for n, e in expectations.items() if n != "draft"}, drafts, False,
+                                 remaining=remaining)
+            if self._pays(self._best(b, expectations, drafts, True, remaining=remaining).rate, without.rate):
                 self.losing, self.backoff = 0, self.min_backoff
             else:
                 self._fall_back(b, self._lost(b, record.seconds, sum(record.accepted) + b))
