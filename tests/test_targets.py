@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier import TargetAdapter
 from dflash2.targets import builtin as targets
 from dflash2.errors import DFlash2Error
 
@@ -97,7 +99,7 @@ def test_smollm2_loads_without_gguf_and_keeps_chat_template(smollm2_cache, monke
     model, tokenizer = targets.load_target("smollm2")
     assert (directory / targets.SOURCE_RECORD).stat().st_mtime_ns == stamp  # reused, not reconverted
     assert not model.training
-    assert type(model).__name__ == "LlamaForCausalLM"
+    assert type(model).__name__ == "LlamaCausalLM"          # dflash2's own Llama (targets.llama) by default
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 2
     assert tokenizer.pad_token is not None
@@ -105,6 +107,10 @@ def test_smollm2_loads_without_gguf_and_keeps_chat_template(smollm2_cache, monke
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert text.endswith("<|im_start|>assistant\n")
     assert "<|im_start|>user\nHi<|im_end|>" in text
+    reference, _ = targets.load_target("smollm2", implementation="transformers")
+    assert type(reference).__name__ == "LlamaForCausalLM"
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
-    out = model.generate(ids, max_new_tokens=3, do_sample=False)
+    out = reference.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False)
     assert "Paris" in tokenizer.decode(out[0, ids.shape[1]:])
+    ours = SpeculativeDecoder(TargetAdapter(model)).generate([ids[0].tolist()], GenerationConfig(max_new_tokens=24))
+    assert ours[0].tokens == out[0, ids.shape[1]:].tolist()   # the same target, token for token

@@ -7,7 +7,8 @@ Contract:
   the target's Hugging Face config and tokenizer, not its weights.
 - `shipped_draft_path(target_name)`: the trained draft shipped in the package for a built-in
   target, or None.
-- `prepare_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate, proposer)` ->
+- `prepare_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate, proposer,
+  implementation)` ->
   `DecoderPlan`: every check that needs no target weights, in this order: the options (`--draft`
   with `--no-draft` is refused, so is a draft-based `--proposer` with `--no-draft`), the draft (loaded and checked: config, weights headers, shapes,
   NaN / inf), the target's config and tokenizer, and whether the draft was made for this target
@@ -17,6 +18,9 @@ Contract:
 - `proposer` (engine `PROPOSERS`): `lookup` loads no draft (prompt / n-gram lookup alone, with or
   without `--no-draft`); `draft` and `hybrid` use the draft; None: `DEFAULT_PROPOSER` with a
   draft, and plain decoding with `--no-draft` (the baseline keeps its meaning).
+- `implementation` (`auto` | `transformers`): the target's classes, as `targets.builtin.open_target`
+  chooses them (dflash2's own Llama for SmolLM2 under `auto`; transformers' when asked, for
+  Hugging Face `generate()`).
 - `load_decoder(...)` = `prepare_decoder(...).load()` -> `Pipeline` with the decoder, the
   tokenizer, the stop tokens and a one-line description of the draft in use ("untrained" when no
   trained draft exists for that target).
@@ -181,7 +185,8 @@ class DecoderPlan:
 
 def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: str = "cpu",
                     dtype: str = "float32", no_draft: bool = False, draft_dtype: str = "auto",
-                    speculate: str = "auto", proposer: str | None = None) -> DecoderPlan:
+                    speculate: str = "auto", proposer: str | None = None,
+                    implementation: str = "auto") -> DecoderPlan:
     """Check the options, load the draft (refusing bad weights) and the target's config and
     tokenizer, and check that the draft fits the target: every input check that needs no target
     weights, so bad input fails in well under a second instead of after the target loads."""
@@ -203,7 +208,7 @@ def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: s
     draft_model, description, trained = None, "none (autoregressive)", False
     if draft is not None:  # a user's draft: checked (and loaded) before anything of the target
         draft_model, description, trained = DFlash2DraftModel.from_pretrained(draft, draft_torch_dtype), f"{draft}", True
-    files = open_target(target)
+    files = open_target(target, implementation)
     if draft is None and not no_draft:
         shipped = shipped_draft_path(target) if target in BUILTIN_TARGETS else None
         if shipped is None:
@@ -231,12 +236,14 @@ NO_DRAFT = _NoDraft()
 
 def load_decoder(target: str = "smollm2", draft: "str | _NoDraft | None" = None, device: str = "cpu",
                  dtype: str = "float32", no_draft: bool = False, draft_dtype: str = "auto",
-                 speculate: str = "auto", proposer: str | None = None) -> Pipeline:
+                 speculate: str = "auto", proposer: str | None = None, implementation: str = "auto") -> Pipeline:
     """`draft`: a checkpoint directory; None, the shipped draft for a built-in target (an untrained
-    one for other targets); `NO_DRAFT` (or `no_draft=True`), no draft at all."""
+    one for other targets); `NO_DRAFT` (or `no_draft=True`), no draft at all. `implementation`:
+    the target's classes (`targets.builtin.open_target`)."""
     if draft is NO_DRAFT:
         draft, no_draft = None, True
-    return prepare_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate, proposer).load()
+    return prepare_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate, proposer,
+                           implementation).load()
 
 
 def tiny_pipeline(seed: int = 0, speculate: str = "auto") -> Pipeline:

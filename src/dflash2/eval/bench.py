@@ -53,7 +53,8 @@ from dflash2.eval.parts import PartStore, run_fingerprint, weights_digest
 from dflash2.fileio import check_output, fmt, write_json, write_text
 from dflash2.pipeline import Pipeline, build_pipeline, shipped_draft_path
 from dflash2.provenance import cpu_ticks, git_commit, machine_identity, machine_info, machine_line, steal_share
-from dflash2.targets.builtin import BUILTIN_TARGETS, resolve_target
+from dflash2.dtypes import parse_dtype
+from dflash2.targets.builtin import BUILTIN_TARGETS, load_target_model, open_target, resolve_target
 from dflash2.targets.chat import encode_messages
 
 PEER_NAMES = peer_runs.PEER_NAMES + engine_peers.ENGINE_PEER_NAMES   # what --peers accepts
@@ -198,6 +199,16 @@ def peer_model_dirs(pipe: Pipeline, model: ModelSettings, out: Path) -> tuple[st
     return (str(target_dir) if target_dir else None), str(draft_dir)
 
 
+def hf_model(pipe: Pipeline, model: ModelSettings):
+    """The target in transformers' classes, for Hugging Face `generate()`: the pipeline's own model
+    when it is one, else the same weights loaded through transformers (dflash2's own Llama has no
+    `generate`)."""
+    own = pipe.decoder.target.model
+    if hasattr(own, "generate"):
+        return own
+    return load_target_model(open_target(model.target, "transformers"), model.device, parse_dtype(model.dtype))
+
+
 def run_peers(pipe: Pipeline, settings: BenchSettings, config, prompts, ar_outputs, out: Path, block: int, store: PartStore) -> dict:
     """The peers in two resumable groups: Hugging Face (generate, prompt lookup) and the reference."""
     reports = {}
@@ -207,7 +218,7 @@ def run_peers(pipe: Pipeline, settings: BenchSettings, config, prompts, ar_outpu
         group = store.load("peers-hf")
         if group is None:
             pad = getattr(pipe.tokenizer, "pad_token_id", None)
-            group = peer_runs.hf_peers(pipe.decoder.target.model, prompts, greedy_refs, config, pipe.stop_token_ids,
+            group = peer_runs.hf_peers(hf_model(pipe, settings.model), prompts, greedy_refs, config, pipe.stop_token_ids,
                                        0 if pad is None else pad, block, set(wanted))
             store.save("peers-hf", group)
         reports.update(group)

@@ -40,6 +40,8 @@ class CandidateSelector(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        if self.predecessor_codebook.is_meta:  # built to be loaded: random init on meta imports torch._dynamo (1 s)
+            return
         nn.init.normal_(self.predecessor_codebook, std=0.02)
         nn.init.zeros_(self.successor_codebook)
         nn.init.normal_(self.hidden_projection.weight, std=0.02)
