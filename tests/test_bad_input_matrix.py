@@ -90,6 +90,8 @@ CASES = {
     "generate": [
         Case(("generate", "--prompt", "hi", "--max-new-tokens", "abc"), "--max-new-tokens"),
         Case((*G, "--max-new-tokens", "0"), "max_new_tokens"),
+        Case((*G, "--threads", "0"), "--threads must be positive"),
+        Case((*G, "--threads", "100000"), "--threads 100000 is more than"),
         Case((*G, "--temperature", "nan"), "temperature"),
         Case((*G, "--temperature", "inf"), "temperature"),
         Case((*G, "--temperature", "-1"), "temperature"),

@@ -64,6 +64,8 @@ def _generate_parser(sub) -> None:
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", help="target dtype (exact-equality claims hold in float32)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice); "
+                   "on a shared machine 1 thread can be far steadier")
     p.add_argument("--draft-dtype", default="auto", help="auto (the target's dtype; bf16 on CPUs with native bf16), float32, bfloat16")
     p.add_argument("--speculate", default="auto", choices=("auto", "always", "never"),
                    help="auto (default): verify only the draft tokens that pay for themselves and fall back to plain "
@@ -71,7 +73,7 @@ def _generate_parser(sub) -> None:
     p.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid"),
                    help="where proposed tokens come from: draft (the draft model), lookup (what followed the latest "
                         "tokens earlier in the prompt and output; loads no draft), hybrid (both, per row per cycle the "
-                        "one expected to commit more, or both as a tree); default: hybrid, plain decoding with "
+                        "one expected to commit more, or both as a tree); default: draft (hybrid measured below it on chat text), plain decoding with "
                         "--no-draft")
     p.add_argument("--compare", action="store_true", help="also run the autoregressive baseline and compare")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -110,7 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_generate(args) -> int:
+    import torch
+
     from dflash2.decoding.engine import GenerationConfig
+    from dflash2.machine import check_threads
     from dflash2.eval.compare import compare
     from dflash2.pipeline import prepare_decoder
     from dflash2.targets.chat import encode_messages, encode_prompt
@@ -122,6 +127,7 @@ def cmd_generate(args) -> int:
                               top_k=args.top_k, block_size=args.block_size, seed=args.seed)
     config.validate()
     apply_recalibrate(args)
+    threads_warning = check_threads(args.threads)
     if args.prompt is not None:
         require(args.prompt.strip() != "", "empty prompt: --prompt has no text")
     messages = read_messages(args.messages) if args.messages is not None else None
@@ -134,6 +140,10 @@ def cmd_generate(args) -> int:
         ids = encode_prompt(plan.tokenizer, args.prompt, chat)
     plan.check_prompt(ids, config)
     block_warning = _block_size_warning(plan, config)
+    if threads_warning:
+        print(threads_warning, file=sys.stderr)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     pipe = plan.load()
     config.stop_token_ids = pipe.stop_token_ids
     if block_warning:
