@@ -39,9 +39,9 @@ def _tiny_llama_dir(tmp_path, **overrides):
     return tmp_path
 
 
-def _both(directory):
-    own = llama.LlamaCausalLM.from_pretrained(directory, llama.LlamaTargetConfig.from_json(directory))
-    theirs = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+def _both(directory, dtype=torch.float32):
+    own = llama.LlamaCausalLM.from_pretrained(directory, llama.LlamaTargetConfig.from_json(directory), dtype)
+    theirs = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
     return own, theirs
 
 
@@ -64,8 +64,9 @@ def test_config_matches_transformers_field_for_field(tmp_path):
     assert len(DynamicCache(config=ours).layers) == 4
 
 
-def test_logits_equal_transformers_with_padding_cache_and_trees(tmp_path):
-    own, theirs = _both(_tiny_llama_dir(tmp_path))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logits_equal_transformers_with_padding_cache_and_trees(tmp_path, dtype):
+    own, theirs = _both(_tiny_llama_dir(tmp_path), dtype)
     assert sorted(own.state_dict()) == sorted(theirs.state_dict())
     assert target_fields("t", own) == target_fields("t", theirs)
     generator = torch.Generator().manual_seed(1)

@@ -41,6 +41,7 @@ from dflash2.model.conv import GroupedDynamicConv
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import atomic_directory, atomic_file, atomic_write
 from dflash2.model.selector import CandidateSelector
+from dflash2.model.swiglu import SwiGLU
 from dflash2.weights import require_finite, safetensors_header
 from dflash2.tensorfiles import save_safetensors
 from dflash2.userjson import parse_json
@@ -115,24 +116,13 @@ class DraftAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.heads * self.head_dim))
 
 
-class DraftMLP(nn.Module):
-    def __init__(self, config: DFlash2Config):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DraftLayer(nn.Module):
     def __init__(self, config: DFlash2Config):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = DraftAttention(config)
-        self.mlp = DraftMLP(config)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
         self.use_conv = config.use_conv
         if config.use_conv:
             self.attention_conv = GroupedDynamicConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)

@@ -38,6 +38,8 @@ from torch import nn
 from transformers.configuration_utils import PreTrainedConfig
 
 from dflash2.errors import require
+from dflash2.model.draft import RMSNorm as DraftRMSNorm
+from dflash2.model.swiglu import SwiGLU
 
 
 def supports(config: dict) -> bool:
@@ -97,11 +99,9 @@ class Embedding(nn.Module):
         return F.embedding(ids, self.weight)
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
+class RMSNorm(DraftRMSNorm):
+    """transformers' Llama rule, which casts back to the input's dtype before the weight multiplies
+    (the draft's casts after it): the same in fp32, not in bf16."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
@@ -172,22 +172,11 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, length, -1))                   # [b, L, heads * d]
 
 
-class MLP(nn.Module):
-    def __init__(self, config: LlamaTargetConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, config: LlamaTargetConfig, layer_idx: int):
         super().__init__()
         self.self_attn = Attention(config, layer_idx)
-        self.mlp = MLP(config)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

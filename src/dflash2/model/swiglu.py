@@ -1,0 +1,22 @@
+"""The gated SiLU MLP of Llama / Qwen3 blocks, shared by the draft's layers and dflash2's own Llama target.
+
+Contract: `SwiGLU(hidden, intermediate)(x) = down(silu(gate(x)) * up(x))`, no biases; its parameter
+names (`gate_proj`, `up_proj`, `down_proj`) are those of Hugging Face checkpoints and of the draft's
+checkpoint format.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
