@@ -138,11 +138,16 @@ def test_engine_greedy_output_is_transformers_generate(tmp_path):
     assert sum(r.stats.cycles for r in results) < 3 * 24   # it verified blocks, not one token a pass
 
 
+def _with_tokenizer(directory, converted):
+    """A real tokenizer beside the tiny weights (open_target reads one)."""
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(converted / name, directory / name)
+    return directory
+
+
 def test_open_target_chooses_the_class(tmp_path, smollm2_cache):
-    def with_tokenizer(directory):   # a real tokenizer beside the tiny weights (open_target reads one)
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(smollm2_cache[1] / name, directory / name)
-        return directory
+    def with_tokenizer(directory):
+        return _with_tokenizer(directory, smollm2_cache[1])
 
     directory = with_tokenizer(_tiny_llama_dir(tmp_path / "llama"))
     assert isinstance(builtin.open_target(str(directory)).config, llama.LlamaTargetConfig)
@@ -167,3 +172,18 @@ def test_the_default_start_up_skips_transformers_llama_modules(smollm2_cache):
                          env={**os.environ, "DFLASH2_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "LlamaCausalLM []"
+
+
+def test_a_target_without_a_trained_draft_gets_lookup_by_default(tmp_path, smollm2_cache):
+    """An untrained draft cannot pay (tau 1.0), lookup can (BENCHMARKS.md section 8): that is the
+    default for a target no trained draft ships for; asking for the draft still gives one."""
+    from dflash2.pipeline import prepare_decoder
+
+    directory = str(_with_tokenizer(_tiny_llama_dir(tmp_path), smollm2_cache[1]))
+    plan = prepare_decoder(directory)
+    assert plan.proposer == "lookup" and plan.draft is None and "no trained draft ships" in plan.description
+    pipe = plan.load()
+    assert pipe.decoder.draft is None and pipe.decoder.proposer == "lookup"
+    asked = prepare_decoder(directory, proposer="draft")
+    assert asked.proposer == "draft" and asked.description.startswith("untrained DFlash2 draft")
+    assert prepare_decoder(directory, no_draft=True).proposer is None            # --no-draft: plain decoding

@@ -17,7 +17,9 @@ Contract:
   `plan.load()` loads the target's weights and returns the `Pipeline`.
 - `proposer` (engine `PROPOSERS`): `lookup` loads no draft (prompt / n-gram lookup alone, with or
   without `--no-draft`); `draft` and `hybrid` use the draft; None: `DEFAULT_PROPOSER` with a
-  draft, and plain decoding with `--no-draft` (the baseline keeps its meaning).
+  trained draft (the user's or the shipped one), `lookup` for a target no trained draft ships for
+  (an untrained draft cannot pay; `proposer="draft"` still makes one), and plain decoding with
+  `--no-draft` (the baseline keeps its meaning).
 - `implementation` (`auto` | `transformers`): the target's classes, as `targets.builtin.open_target`
   chooses them (dflash2's own Llama for SmolLM2 under `auto`; transformers' when asked, for
   Hugging Face `generate()`).
@@ -198,6 +200,7 @@ def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: s
             f"--proposer {proposer} needs a draft, and --no-draft asks for none; drop one of them")
     require(not (proposer == "lookup" and draft is not None),
             "--proposer lookup uses no draft, so --draft has no effect; drop one of them")
+    chosen = proposer
     if proposer is None:
         proposer = None if no_draft else DEFAULT_PROPOSER
     no_draft = no_draft or proposer == "lookup"
@@ -211,7 +214,9 @@ def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: s
     files = open_target(target, implementation)
     if draft is None and not no_draft:
         shipped = shipped_draft_path(target) if target in BUILTIN_TARGETS else None
-        if shipped is None:
+        if shipped is None and chosen is None:  # an untrained draft cannot pay (tau 1.0): lookup, which can
+            proposer, no_draft = "lookup", True
+        elif shipped is None:
             description = f"untrained DFlash2 draft for '{target}' (no trained draft ships for it yet)"
         else:
             draft_model = DFlash2DraftModel.from_pretrained(shipped, draft_torch_dtype)
@@ -219,7 +224,8 @@ def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: s
     if draft_model is not None:
         check_draft_fits(draft_model.config, files, draft or description)
     if proposer == "lookup":
-        description = "none (lookup proposals)"
+        description = "none (lookup proposals)" if chosen is not None else (
+            f"none (lookup proposals: no trained draft ships for '{target}'; --proposer draft uses an untrained one)")
     return DecoderPlan(files, device, torch_dtype, speculate, no_draft, draft_model, draft_torch_dtype, description,
                        trained, proposer)
 
