@@ -135,8 +135,8 @@ def add_model_arguments(parser) -> None:
                         help="auto (default): adaptive draft length and fallback to plain decoding when drafting "
                              "does not pay; always: the whole block every cycle")
     parser.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid"),
-                        help="where proposed tokens come from (default: draft, or lookup for a target with no "
-                             "trained draft; hybrid adds lookup proposals to the draft); lookup loads no draft")
+                        help="where proposed tokens come from (default: hybrid, the draft and lookup proposals, or "
+                             "lookup for a target with no trained draft); lookup loads no draft")
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
     add_recalibrate_argument(parser)
 

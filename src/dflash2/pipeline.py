@@ -57,7 +57,9 @@ from dflash2.targets.builtin import (BUILTIN_TARGETS, TargetFiles, TargetShape, 
                                      open_target)
 from dflash2.targets.chat import choose_mask_token, stop_token_ids
 
-DEFAULT_PROPOSER = "draft"   # with a draft: hybrid below the draft alone on the demo's chat prompt (0.92-0.99x), BENCHMARKS.md section 8
+# with a trained draft, the fastest measured (demo chat: hybrid 0.988x, draft 0.974x; grounded 2.57x vs 0.97x;
+# BENCHMARKS.md section 8)
+DEFAULT_PROPOSER = "hybrid"
 
 def draft_dtype_for(name: str, device: str, target_dtype: torch.dtype) -> torch.dtype:
     """`auto`: bfloat16 on CPUs with native bf16 matmul (there the draft is memory-bound), else the
