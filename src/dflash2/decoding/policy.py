@@ -21,10 +21,8 @@ Contract:
       E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j,
   where a_{r,s,j} is the calibrated probability that token j of source s for row r is accepted
   given tokens 1..j-1 were (`AcceptanceModel`, one table per source, from the source's own
-  confidence; in a probe -- the draft's, or lookup's (`_lookup_choice`) -- the probed source at an
-  optimistic bound, mean + `optimism` standard deviations, so that it is tried, the other source
-  at its mean (a young lookup table's bound would otherwise outbid every draft probe of `hybrid`,
-  and the draft would never be tried); otherwise at the posterior mean,
+  confidence; in a probe -- the draft's, or lookup's (`_lookup_choice`) -- at an optimistic bound,
+  mean + `optimism` standard deviations, so that they are tried; otherwise at the posterior mean,
   so that an ordinary cycle does not pay for exploration), t_draft only when the draft pass ran,
   and the times from `costs` (`decoding.costs.CostModel`; in a probe at its optimistic figures, so
   that figures this run has not observed -- a calibration stored or measured under another load --
@@ -36,10 +34,7 @@ Contract:
   lookup's tokens stop agreeing (`Offer.shared`: greedy rows of a target that can verify trees),
   is both as a tree (`tree_options`: the shared prefix once, then both branches; at most one of
   the two diverging tokens can be accepted): its expected tokens against its width, the nodes
-  it adds to the pass, priced by the same per-token verify cost (k may then exceed block - 1); not
-  in a probe, which verifies the draft's own path: a tree priced at the draft's optimistic bound is
-  the widest, dearest pass there is, and its failure would set the fallback that follows (a
-  14-node tree failing as the first probe of a 48-token answer kept the draft off for 198 steps). `choose_length(b, confidence, greedy, block, probe)` is `choose` for
+  it adds to the pass, priced by the same per-token verify cost (k may then exceed block - 1). `choose_length(b, confidence, greedy, block, probe)` is `choose` for
   the draft alone. A sampled row's draft confidence is never seen (`Offer.of`): a choice that
   depends on a random draw biases the output.
 - `worth_drafting(b, offer, block)`: with the lookup offer in hand, before the draft pass, whether
@@ -268,28 +263,22 @@ class SpeculationPolicy:
         return ((self.costs.draft(b) if drafted else 0.0) + self.costs.verify(b, k + 1, optimistic)
                 + self.costs.host(b, True))
 
-    def _probabilities(self, offer: Offer, optimism: float = 0.0,
-                       explored: str | None = None) -> dict[str, list[list[float]]]:
+    def _probabilities(self, offer: Offer, optimism: float = 0.0) -> dict[str, list[list[float]]]:
         """source -> per row the acceptance probability of each token, at `optimism` (the bound of a
-        probe, the draft's or lookup's; 0: the posterior mean, what an ordinary cycle expects) for
-        the `explored` source (None: every source), at the mean for the others: a probe explores one
-        source against what the others are known to give, not against their own optimistic bounds."""
-        return {name: [self._table(name).probabilities(c, g, optimism if explored in (None, name) else 0.0)
-                       for c, g in zip(confidence, offer.greedy)]
+        probe, the draft's or lookup's; 0: the posterior mean, what an ordinary cycle expects)."""
+        return {name: [self._table(name).probabilities(c, g, optimism) for c, g in zip(confidence, offer.greedy)]
                 for name, confidence in offer.sources()}
 
-    def _expectations(self, offer: Offer, optimism: float = 0.0,
-                      explored: str | None = None) -> dict[str, list[list[float]]]:
+    def _expectations(self, offer: Offer, optimism: float = 0.0) -> dict[str, list[list[float]]]:
         """source -> per row [E(0), ..., E(T)] (see `_probabilities`)."""
         return {name: [expectations_by_length(p) for p in rows]
-                for name, rows in self._probabilities(offer, optimism, explored).items()}
+                for name, rows in self._probabilities(offer, optimism).items()}
 
-    def _trees(self, offer: Offer, optimism: float = 0.0,
-               explored: str | None = None) -> list[list[tuple[float, int, int, int]]] | None:
+    def _trees(self, offer: Offer, optimism: float = 0.0) -> list[list[tuple[float, int, int, int]]] | None:
         """Per row its `tree_options` (empty: no tree), None when no row may verify a tree."""
         if offer.shared is None or offer.draft is None or offer.lookup is None:
             return None
-        p = self._probabilities(offer, optimism, explored)
+        p = self._probabilities(offer, optimism)
         trees = [tree_options(d, l, s) if s is not None and d and l else []
                  for d, l, s in zip(p["draft"], p["lookup"], offer.shared)]
         return trees if any(trees) else None
@@ -373,10 +362,10 @@ class SpeculationPolicy:
             return self._best(b, {}, 0, drafted)
         if not drafted:                          # lookup alone, or nothing
             return self._lookup_choice(b, offer, drafts)
-        optimism = self.optimism if probe else 0.0   # a probe explores the draft; lookup counts at its mean
-        expectations = self._expectations(offer, optimism, explored="draft")
-        trees = None if probe else self._trees(offer)  # a probe tries the draft's own path (see the docstring)
-        choice = self._best(b, expectations, drafts, True, trees=trees, optimistic=probe, remaining=offer.remaining)
+        optimism = self.optimism if probe else 0.0
+        expectations = self._expectations(offer, optimism)
+        choice = self._best(b, expectations, drafts, True, trees=self._trees(offer, optimism), optimistic=probe,
+                            remaining=offer.remaining)
         without = self._best(b, {n: e for n, e in expectations.items() if n != "draft"}, drafts, False,
                              optimistic=probe, remaining=offer.remaining)
         if not probe:
