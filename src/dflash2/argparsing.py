@@ -28,7 +28,7 @@ import argparse
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, NoReturn
 
 from dflash2.cache import RECALIBRATE_ENV
@@ -115,6 +115,11 @@ class ModelSettings:
         if warning:
             print(warning, file=sys.stderr)
         return settings
+
+    def measuring_the_draft(self) -> "ModelSettings":
+        """These settings with the `draft` proposer unless one was asked for: commands that measure
+        the draft itself (analyze, cycle profiles) must not mix in lookup's tokens."""
+        return replace(self, proposer=self.proposer or "draft")
 
     @property
     def target_label(self) -> str:

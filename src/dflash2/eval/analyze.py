@@ -365,7 +365,7 @@ def render_markdown(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     load_conversations(list(args.datasets), args.num_prompts, list(args.dataset_files))  # bad prompt files fail before any load
-    run_analysis(build_pipeline(args.model), args)
+    run_analysis(build_pipeline(args.model.measuring_the_draft()), args)
     return 0
 
 

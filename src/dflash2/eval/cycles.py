@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         batches = [int(b) for b in parse_list(args.batch, "--batch") if b.isdigit() and int(b) > 0]
         require(len(batches) == len(parse_list(args.batch, "--batch")), f"--batch must be positive integers, got '{args.batch}'")
         require(args.new_tokens > 1, f"--new-tokens must be at least 2, got {args.new_tokens}")
-        pipe = build_pipeline(ModelSettings.from_args(args))
+        pipe = build_pipeline(ModelSettings.from_args(args).measuring_the_draft())
         require(pipe.decoder.draft is not None, "a cycle profile needs a draft")
         convs = [c for group in load_conversations(parse_list(args.datasets, "--datasets"), 8).values() for c in group]
         prompts = first_turns(convs, pipe.tokenizer)

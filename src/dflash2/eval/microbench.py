@@ -52,7 +52,8 @@ def phase_medians(fn, repeats: int, watch: Stopwatch) -> dict[str, float]:
 
 
 def run(target: str, draft: str | None, repeats: int, device: str, dtype: str, new_tokens: int) -> dict:
-    pipe = load_decoder(target, draft, device, dtype, implementation="transformers")  # HF generate() below
+    pipe = load_decoder(target, draft, device, dtype, proposer="draft",
+                        implementation="transformers")  # HF generate() below
     decoder, adapter, model = pipe.decoder, pipe.decoder.target, pipe.decoder.target.model
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     ids = encode_prompt(pipe.tokenizer, PROMPT)

@@ -1,0 +1,15 @@
+"""Commands that measure the draft itself (analyze, cycle profiles, yardstick, ablation, export's
+check) decode with the `draft` proposer: the default `hybrid` would mix lookup's tokens into what
+they report as the draft's acceptance."""
+from __future__ import annotations
+
+from dflash2.argparsing import ModelSettings
+from dflash2.pipeline import build_pipeline
+
+
+def test_measuring_the_draft_pins_the_proposer_unless_one_was_asked():
+    assert ModelSettings().measuring_the_draft().proposer == "draft"
+    assert ModelSettings(proposer="lookup").measuring_the_draft().proposer == "lookup"
+    tiny = build_pipeline(ModelSettings(tiny=True).measuring_the_draft())
+    assert tiny.decoder.draft is not None
+
