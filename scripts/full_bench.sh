@@ -15,7 +15,7 @@ bash scripts/setup_venv.sh
 [ -x .venv-peers/bin/python ] || bash scripts/setup_peers.sh
 export HF_HUB_OFFLINE=1
 which="${1:-all}"
-common=(--datasets gsm8k,math500,humaneval,mbpp,mt-bench --num-prompts 20 --max-new-tokens 256 --peers --resume)
+common=(--datasets gsm8k,math500,humaneval,mbpp,mt-bench --num-prompts 20 --max-new-tokens 256 --peers --resume --proposer draft)
 if [ "$which" = t0 ] || [ "$which" = all ]; then
   .venv/bin/dflash2 bench "${common[@]}" --temperature 0 --concurrency 1,8,32 --output docs/bench/full-t0
 fi

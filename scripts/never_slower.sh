@@ -12,7 +12,7 @@ py=${PYTHON:-.venv/bin/python}
 repeats=${REPEATS:-3}
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 PYTHONPATH="$PWD/src"
-common=(--threads 2 --datasets gsm8k --num-prompts 32 --max-new-tokens 32)
+common=(--threads 2 --datasets gsm8k --num-prompts 32 --max-new-tokens 32 --proposer draft)
 $py -m dflash2.eval.cycles --threads 2 --batch 1,8,32 --new-tokens 32 --json "$out/cycles.json" > "$out/cycles.md"
 for draft in "${drafts[@]}"; do
   name=$(basename "$draft")
