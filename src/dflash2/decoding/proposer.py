@@ -16,6 +16,13 @@ Contract:
   `temperature` and `seeds` are per row ([b]); sampled rows draw with `dflash2.rng` uniforms keyed
   by (seed, position). With a selector the tokens are a path through the top-K candidates; without
   one (DFlash v1) they are per-position argmax / samples of the draft logits.
+- A sampled row's tokens are drawn at `temperature_factor` (default `SAMPLED_DRAFT_TEMPERATURE`)
+  times the row's temperature: a sharper distribution than the draft's own, which the target's
+  acceptance of sampled tokens prefers (measured on the recipe yardstick's T=1, top-p 0.95,
+  top-k 20: tau +0.070 and +0.064 with the drafts of steps 300 and 375 of the 2026-12-02 campaign;
+  0.5 / 0.85 / 1.3 gave +0.013 / +0.032 / 0.000; BENCHMARKS.md section 11). Exactness does not
+  depend on it: the returned q is the distribution the tokens were drawn from, which is what the
+  acceptance rule divides by. Greedy rows are unaffected.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ from dflash2.decoding.timing import Stopwatch
 from dflash2.rng import DRAFT, sample_from, uniforms
 
 
+SAMPLED_DRAFT_TEMPERATURE = 0.7   # see the contract
 DRAFT_PHASES = ("draft", "draft_head", "selector")  # the stopwatch phases of one draft pass: backbone, LM head, path selector
 
 @dataclass
@@ -42,8 +50,10 @@ class Proposal:
 
 
 class DraftProposer:
-    def __init__(self, draft: DFlash2DraftModel, stopwatch: Stopwatch | None = None):
+    def __init__(self, draft: DFlash2DraftModel, stopwatch: Stopwatch | None = None,
+                 temperature_factor: float = SAMPLED_DRAFT_TEMPERATURE):
         self.draft = draft
+        self.temperature_factor = temperature_factor
         self.window = draft.config.sliding_window
         self.stopwatch = stopwatch or Stopwatch(None)
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -119,6 +129,7 @@ class DraftProposer:
         draft = self.draft
         b = anchors.shape[0]
         temperature = torch.as_tensor(temperature, dtype=torch.float32, device=anchors.device).expand(b)
+        temperature = temperature * self.temperature_factor          # sampled rows only: 0 stays 0 (greedy)
         seeds = torch.zeros(b, dtype=torch.int64, device=anchors.device) if seeds is None else seeds
         mask_token = draft.config.mask_token_id
         greedy = temperature <= 0
