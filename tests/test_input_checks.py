@@ -32,8 +32,11 @@ def test_json_acceptance_length_is_null_without_a_drafted_cycle(work, capsys):
 def test_no_draft_has_a_name_in_the_python_api(work):
     from dflash2.pipeline import NO_DRAFT, load_decoder
 
-    assert load_decoder("target", draft=NO_DRAFT).decoder.draft is None
-    assert load_decoder("target", draft=None).decoder.draft is not None  # None still means the default draft
+    plain = load_decoder("target", draft=NO_DRAFT).decoder
+    assert plain.draft is None and plain.proposer is None                # no draft: plain decoding
+    default = load_decoder("target", draft=None).decoder                  # None still means the default, which
+    assert default.proposer == "lookup"                                    # for a target without a trained draft
+    assert load_decoder("target", draft=None, proposer="draft").decoder.draft is not None   # is lookup
 
 
 def test_a_first_regenerate_run_that_fails_leaves_no_manifest(work, capsys, monkeypatch):
