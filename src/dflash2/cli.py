@@ -73,8 +73,8 @@ def _generate_parser(sub) -> None:
     p.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid"),
                    help="where proposed tokens come from: draft (the draft model), lookup (what followed the latest "
                         "tokens earlier in the prompt and output; loads no draft), hybrid (both, per row per cycle the "
-                        "one expected to commit more, or both as a tree); default: hybrid (lookup for a target with no trained draft), plain decoding with "
-                        "--no-draft")
+                        "one expected to commit more, or both as a tree); default: hybrid (lookup for a target with no "
+                        "trained draft), plain decoding with --no-draft")
     p.add_argument("--compare", action="store_true", help="also run the autoregressive baseline and compare")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_recalibrate_argument(p)

@@ -29,7 +29,8 @@ Contract:
   then loads `(model, tokenizer)` in eval mode, never touching the network for built-ins or local
   directories: a local Llama that `targets.llama` computes exactly as transformers does (SmolLM2)
   as dflash2's own class (1.5-2 s less start-up), anything else, or every target with
-  `implementation="transformers"` (what Hugging Face `generate()` needs), with the Auto classes. A tokenizer without a pad token gets its eos token as pad.
+  `implementation="transformers"` (what Hugging Face `generate()` needs), with the Auto classes.
+  A tokenizer without a pad token gets its eos token as pad.
   It is `open_target` (config and tokenizer: fast, so commands check their input against them
   before the weights load) followed by `load_target_model`, which checks the headers of the
   weights files first. Every failure (a hub id while offline, a damaged or foreign directory, a

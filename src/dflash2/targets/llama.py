@@ -20,10 +20,10 @@ Contract:
   attention mask [b, slots] (1 = real token) is combined with causality in slot order, exactly
   like transformers' `create_causal_mask`; a 4-D mask (token trees) is used as given.
 - The arithmetic is transformers' step by step (RMSNorm in fp32, RoPE from fp32 frequencies,
-  `scaled_dot_product_attention` on repeated KV heads, or on the KV heads themselves for one query), so fp32 logits agree to rounding
-  (tests/test_llama_target.py: logits, greedy output and the engine's lossless run against
-  transformers' own class; bit for bit in the cases measured). There is no `generate()`: code that needs Hugging Face generation
-  (the `hf_*` bench peers) asks `open_target(..., implementation="transformers")`.
+  `scaled_dot_product_attention` on repeated KV heads, or on the KV heads themselves for one query),
+  so fp32 logits agree to rounding (tests/test_llama_target.py: logits, greedy output and the
+  engine's lossless run against transformers' own class; bit for bit in the cases measured).
+  There is no `generate()`: code that needs Hugging Face generation (the `hf_*` bench peers) asks `open_target(..., implementation="transformers")`.
 """
 from __future__ import annotations
 
@@ -113,7 +113,8 @@ class RMSNorm(DraftRMSNorm):
 class Rotary(nn.Module):
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim  # real even under meta
+        # device="cpu": a real tensor even while the model is built under torch.device("meta")
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
         inv_freq = 1.0 / (theta ** exponents)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
@@ -268,17 +269,17 @@ class LlamaCausalLM(nn.Module):
         weights: dict[str, torch.Tensor] = {}
         for path in sorted(Path(directory).glob("*.safetensors")):
             weights.update(load_file(str(path), device=str(device)))
-        if config.tie_word_embeddings:
-            weights.pop("lm_head.weight", None)
-            weights["lm_head.weight"] = weights.get("model.embed_tokens.weight")
-        expected = set(model.state_dict())
+        tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+        for name in tied:
+            weights.pop(name, None)                    # a tied head is the embedding: one tensor
+        expected = set(model.state_dict()) - tied
         missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
-        require(not missing and not unexpected and weights["lm_head.weight"] is not None,
+        require(not missing and not unexpected,
                 f"{directory}: the weights do not match a Llama of this config (missing {missing[:3]}, "
                 f"unexpected {unexpected[:3]})")
-        weights = {name: tensor.to(dtype) for name, tensor in weights.items()}
-        model.load_state_dict(weights, assign=True)
-        if config.tie_word_embeddings:
+        model.load_state_dict({name: tensor.to(dtype) for name, tensor in weights.items()}, assign=True,
+                              strict=not tied)
+        if tied:
             model.lm_head.weight = model.model.embed_tokens.weight
         model.model.rotary_emb.to(device)
         return model.eval()
