@@ -104,12 +104,13 @@ class ModelSettings:
     speculate: str = "auto"       # auto | always | never
     tiny: bool = False            # random tiny models (tests)
     proposer: str | None = None   # draft | lookup | hybrid; None: the pipeline's default
+    lattice: bool = False         # the draft's lattice's second path as a tree branch (greedy rows)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ModelSettings":
         """The options of `add_model_arguments`, checked."""
         settings = cls(args.target, args.draft, args.device, args.dtype, args.seed, args.threads, args.speculate,
-                       args.tiny, getattr(args, "proposer", None))
+                       args.tiny, getattr(args, "proposer", None), getattr(args, "lattice", False))
         apply_recalibrate(args)
         warning = check_threads(settings.threads)
         if warning:
@@ -117,9 +118,10 @@ class ModelSettings:
         return settings
 
     def measuring_the_draft(self) -> "ModelSettings":
-        """These settings with the `draft` proposer unless one was asked for: commands that measure
-        the draft itself (analyze, cycle profiles) must not mix in lookup's tokens."""
-        return replace(self, proposer=self.proposer or "draft")
+        """These settings with the `draft` proposer unless one was asked for, and its path alone:
+        commands that measure the draft itself (analyze, cycle profiles, the yardstick's tau) must not
+        mix in lookup's tokens or a second branch of its lattice."""
+        return replace(self, proposer=self.proposer or "draft", lattice=False)
 
     @property
     def target_label(self) -> str:
@@ -142,6 +144,10 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid"),
                         help="where proposed tokens come from (default: hybrid, the draft and lookup proposals, or "
                              "lookup for a target with no trained draft); lookup loads no draft")
+    parser.add_argument("--lattice", action="store_true",
+                        help="let greedy rows verify the second path of the draft's candidate lattice beside its "
+                             "path as a token tree, where the cost model says it pays (off by default: it did "
+                             "not pay on a 2-core CPU, BENCHMARKS.md section 8)")
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
     add_recalibrate_argument(parser)
 

@@ -8,7 +8,7 @@ Contract:
 - `shipped_draft_path(target_name)`: the trained draft shipped in the package for a built-in
   target, or None.
 - `prepare_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate, proposer,
-  implementation)` ->
+  implementation, lattice)` ->
   `DecoderPlan`: every check that needs no target weights, in this order: the options (`--draft`
   with `--no-draft` is refused, so is a draft-based `--proposer` with `--no-draft`), the draft (loaded and checked: config, weights headers, shapes,
   NaN / inf), the target's config and tokenizer, and whether the draft was made for this target
@@ -23,6 +23,9 @@ Contract:
 - `implementation` (`auto` | `transformers`): the target's classes, as `targets.builtin.open_target`
   chooses them (dflash2's own Llama for SmolLM2 under `auto`; transformers' when asked, for
   Hugging Face `generate()`).
+- `lattice` (default False): the draft's lattice's second path may be verified beside its path as
+  a token tree (`decoding.engine`), where the policy prices it as paying; False: the draft's path
+  alone (measured faster on a 2-core CPU, BENCHMARKS.md section 8).
 - `load_decoder(...)` = `prepare_decoder(...).load()` -> `Pipeline` with the decoder, the
   tokenizer, the stop tokens and a one-line description of the draft in use ("untrained" when no
   trained draft exists for that target).
@@ -148,6 +151,7 @@ class DecoderPlan:
     description: str
     trained: bool
     proposer: str | None = None         # None: plain decoding (--no-draft)
+    lattice: bool = False               # the draft's lattice's second path as a tree branch
 
     @property
     def tokenizer(self):
@@ -183,14 +187,16 @@ class DecoderPlan:
         draft = draft.to(device=self.device, dtype=self.draft_dtype)
         kind = "DFlash2" if draft.config.is_dflash2 else "DFlash v1"
         adapter = TargetAdapter(model, draft.config.target_layer_ids)
-        return Pipeline(SpeculativeDecoder(adapter, draft, speculate=self.speculate, proposer=self.proposer), tokenizer, stops,
+        decoder = SpeculativeDecoder(adapter, draft, speculate=self.speculate, proposer=self.proposer,
+                                     lattice=self.lattice)
+        return Pipeline(decoder, tokenizer, stops,
                         f"{self.description} [{kind}, {str(self.draft_dtype).removeprefix('torch.')}]", self.trained)
 
 
 def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: str = "cpu",
                     dtype: str = "float32", no_draft: bool = False, draft_dtype: str = "auto",
                     speculate: str = "auto", proposer: str | None = None,
-                    implementation: str = "auto") -> DecoderPlan:
+                    implementation: str = "auto", lattice: bool = False) -> DecoderPlan:
     """Check the options, load the draft (refusing bad weights) and the target's config and
     tokenizer, and check that the draft fits the target: every input check that needs no target
     weights, so bad input fails in well under a second instead of after the target loads."""
@@ -229,7 +235,7 @@ def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: s
         description = "none (lookup proposals)" if chosen is not None else (
             f"none (lookup proposals: no trained draft ships for '{target}'; --proposer draft uses an untrained one)")
     return DecoderPlan(files, device, torch_dtype, speculate, no_draft, draft_model, draft_torch_dtype, description,
-                       trained, proposer)
+                       trained, proposer, lattice)
 
 
 class _NoDraft:
@@ -244,23 +250,25 @@ NO_DRAFT = _NoDraft()
 
 def load_decoder(target: str = "smollm2", draft: "str | _NoDraft | None" = None, device: str = "cpu",
                  dtype: str = "float32", no_draft: bool = False, draft_dtype: str = "auto",
-                 speculate: str = "auto", proposer: str | None = None, implementation: str = "auto") -> Pipeline:
+                 speculate: str = "auto", proposer: str | None = None, implementation: str = "auto",
+                 lattice: bool = False) -> Pipeline:
     """`draft`: a checkpoint directory; None, the shipped draft for a built-in target (an untrained
     one for other targets); `NO_DRAFT` (or `no_draft=True`), no draft at all. `implementation`:
     the target's classes (`targets.builtin.open_target`)."""
     if draft is NO_DRAFT:
         draft, no_draft = None, True
     return prepare_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate, proposer,
-                           implementation).load()
+                           implementation, lattice).load()
 
 
-def tiny_pipeline(seed: int = 0, speculate: str = "auto") -> Pipeline:
+def tiny_pipeline(seed: int = 0, speculate: str = "auto", lattice: bool = False) -> Pipeline:
     # imported here: the tiny families' configs pull in model code no real target needs (a second of start-up)
     from dflash2.targets.tiny import TinyTokenizer, tiny_draft, tiny_target
 
     target = tiny_target("llama", seed=seed)
     draft = tiny_draft(target, seed=seed)
-    decoder = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft, speculate=speculate)
+    decoder = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft, speculate=speculate,
+                                 lattice=lattice)
     return Pipeline(decoder, TinyTokenizer(target.config.vocab_size), (), "tiny random DFlash2 draft [DFlash2]", False)
 
 
@@ -269,6 +277,6 @@ def build_pipeline(model: ModelSettings) -> Pipeline:
         torch.set_num_threads(model.threads)
     if model.tiny:
         torch.manual_seed(model.seed)
-        return tiny_pipeline(model.seed, model.speculate)
+        return tiny_pipeline(model.seed, model.speculate, model.lattice)
     return load_decoder(model.target, model.draft, model.device, model.dtype, speculate=model.speculate,
-                        proposer=model.proposer)
+                        proposer=model.proposer, lattice=model.lattice)

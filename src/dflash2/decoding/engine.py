@@ -9,7 +9,10 @@ Contract:
   expects to commit more, or both as a token tree (`decoding.tree`: one target pass, a tree
   attention mask, the losing branch's cache slots holed out) on attention-only targets for greedy
   rows; every row verifies its own block in the same target pass; sliding-window and hybrid
-  recurrent targets, and sampled rows, verify one path). `None`:
+  recurrent targets, and sampled rows, verify one path). With `lattice` (off by default) a draft with
+  a selector also offers its candidate lattice's second path (`CandidateSelector.second_path`), which
+  a greedy row may verify beside the draft's path as a tree (`draft` and `hybrid`, same targets),
+  priced by the policy like a lookup branch with a calibration of its own. `None`:
   `draft` with a draft, else no proposer: with neither (or `speculate="never"`) the same loop
   decodes autoregressively, one target step per token: the honest baseline. `speculate` is a
   `policy.SPECULATE_MODES` value: `auto` verifies only as many proposed tokens as pay for
@@ -40,7 +43,7 @@ from typing import Iterator
 import torch
 
 from dflash2.decoding.acceptance import greedy_accept, sample_accept, target_probs
-from dflash2.decoding.block import VerifyBlock
+from dflash2.decoding.block import VerifyBlock, assemble
 from dflash2.decoding.calibration import StoredCalibration, calibrate_cached
 from dflash2.decoding.context import check_context, effective_block_size
 from dflash2.decoding.lookup import Lookup, LookupProposer, SuffixStore
@@ -49,7 +52,7 @@ from dflash2.decoding.proposer import DraftProposer, Proposal
 from dflash2.decoding.sampling import RowSampling
 from dflash2.decoding.stats import BatchTiming, Commit, RowStats
 from dflash2.decoding.timing import CycleTimer, Stopwatch
-from dflash2.decoding.tree import kept_nodes, pack_tree, path_nodes, tree_greedy_accept, tree_nodes
+from dflash2.decoding.tree import kept_nodes, path_nodes, tree_greedy_accept
 from dflash2.decoding.verifier import TargetAdapter
 from dflash2.errors import require
 from dflash2.model.draft import DFlash2DraftModel
@@ -115,7 +118,7 @@ class _Row:
 
 class SpeculativeDecoder:
     def __init__(self, target: TargetAdapter, draft: DFlash2DraftModel | None = None, speculate: str = "auto",
-                 proposer: str | None = None, suffix_store: SuffixStore | None = None):
+                 proposer: str | None = None, suffix_store: SuffixStore | None = None, lattice: bool = False):
         require(proposer is None or proposer in PROPOSERS,
                 f"proposer must be one of {', '.join(PROPOSERS)}, got {proposer!r}")
         if proposer is None and (draft is not None or self.custom_proposer):
@@ -126,6 +129,7 @@ class SpeculativeDecoder:
         self.draft = draft if proposer in ("draft", "hybrid") else None
         self.proposer = proposer
         self.suffix_store = suffix_store
+        self.lattice = lattice
         if self.draft is not None:
             draft.config.validate_against_target(target.model.config)
             require(target.target_layer_ids == draft.config.target_layer_ids,
@@ -186,7 +190,8 @@ class SpeculativeDecoder:
 
     def new_proposer(self, stopwatch: Stopwatch) -> DraftProposer | None:
         """The draft side of the cycle (None: no draft). Tests substitute oracle proposers."""
-        return None if self.draft is None else DraftProposer(self.draft, stopwatch)
+        return None if self.draft is None else DraftProposer(self.draft, stopwatch,
+                                                             lattice=self.lattice and not self.target.hybrid)
 
     def new_lookup(self) -> LookupProposer | None:
         """The lookup side of the cycle (None: the proposer is the draft alone)."""
@@ -290,11 +295,14 @@ class DecodeSession:
                 proposal = self.proposer.propose(self.anchors, start, self.block, self.sampling.temperature,
                                                  self.sampling.seed)
             self.policy.drafted(b, timer.seconds["draft"])
+            second = proposal.second if self.target.supports_trees else None    # greedy rows' trees only
             offer = Offer.of(offer.greedy, _confidence(proposal), offer.lookup, self._shared(proposal, lookups),
-                             offer.remaining)
+                             offer.remaining, None if second is None else second.confidence.tolist(),
+                             None if second is None else second.fork.tolist())
         with self.watch("policy"):
             choice = self.policy.choose(b, offer, self.block, plan.probe) if offer.sources() else _nothing(b)
-        block = self._assemble(choice, proposal, lookups)
+        limits = [self.decoder.block_size(row.config) - 1 for row in self.rows]
+        block = assemble(choice, self.anchors, limits, proposal, lookups)
         with timer("verify", phase="verify"):
             if block.tree is None:
                 logits, features = self.target.step(block.ids)
@@ -355,43 +363,6 @@ class DecodeSession:
                 n += 1
             shared.append(n if found.tokens else None)
         return shared
-
-    def _assemble(self, choice: Choice, proposal: Proposal | None, lookups: list[Lookup] | None) -> VerifyBlock:
-        """What each row verifies this cycle: its chosen source's first tokens (a tree: the draft's
-        and lookup's branches), capped at the row's own block size."""
-        device, b = self.anchors.device, len(self.rows)
-        draft_rows = proposal.tokens.tolist() if proposal is not None else [[] for _ in range(b)]
-        branches, sources = [], []
-        for r, (source, n) in enumerate(zip(choice.sources, choice.lengths)):
-            limit = self.decoder.block_size(self.rows[r].config) - 1
-            if source == "tree":
-                n_draft, n_lookup = choice.branches[r]
-                branches.append([draft_rows[r][:min(n_draft, limit)], lookups[r].tokens[:min(n_lookup, limit)]])
-                sources.append(("draft", "lookup"))
-            else:
-                tokens = lookups[r].tokens if source == "lookup" else draft_rows[r]
-                branches.append([tokens[:min(n, limit)]] if source else [])
-                sources.append((source,))
-        verified = [tree_nodes(row) for row in branches]
-        limits = torch.tensor([len(row[0]) if row else 0 for row in branches], dtype=torch.long, device=device)
-        if choice.has_tree:
-            tree = pack_tree(self.anchors.tolist(), branches, 1 + max(verified), device)
-            ids = tree.ids
-        else:   # rows verifying fewer than k tokens are padded with the draft's (their limit stops acceptance)
-            tree, k = None, choice.k
-            drafts = proposal.tokens[:, :k].clone() if proposal is not None else self.anchors.new_zeros(b, k)
-            for r, (source, n) in enumerate(zip(choice.sources, choice.lengths)):
-                if source == "lookup":
-                    drafts[r, :n] = torch.tensor(lookups[r].tokens[:n], dtype=torch.long, device=device)
-            ids = torch.cat([self.anchors[:, None], drafts], dim=1)                        # [b, k + 1]
-        q = None
-        if proposal is not None and proposal.q is not None:   # one-hot q: a point-mass draft (lookup, padding)
-            q = torch.zeros(b, ids.shape[1] - 1, proposal.q.shape[-1], device=device).scatter_(-1, ids[:, 1:, None], 1.0)
-            for r, source in enumerate(choice.sources):
-                if source == "draft":
-                    n = int(limits[r])
-                    q[r, :n] = proposal.q[r, :n]
-        return VerifyBlock(ids, q, limits, branches, sources, verified, tree)
 
     def _pick(self, logits: torch.Tensor, sampling: RowSampling, positions: torch.Tensor) -> torch.Tensor:
         """One target token per row from logits [n, V]: argmax, or a sample from the processed p."""

@@ -78,7 +78,8 @@ class CyclePlan:
     probe: bool = False
 
 
-SOURCES = ("draft", "lookup")
+SOURCES = ("draft", "lookup")   # the sources a row may verify alone
+LATTICE = "lattice"             # the draft's second path: only ever a tree's second branch
 SAMPLED_DRAFT_CONFIDENCE = 0.5   # what the policy sees of a sampled row's draft tokens (see `Offer.of`)
 
 
@@ -93,11 +94,14 @@ class Offer:
                                              # at their start, where both may be verified as a tree
     remaining: list[int] | None = None       # per row: tokens it may still commit, when the batch is
                                              # fixed (`decoding.horizon`); None: a batch that refills
+    lattice: list[list[float]] | None = None  # per row: the draft's second path's confidence per token
+    forks: list[int | None] | None = None     # per row: where it leaves the draft's path (None: no tree)
 
     @classmethod
     def of(cls, greedy: list[bool], draft: list[list[float]] | None = None,
            lookup: list[list[float]] | None = None, shared: list[int | None] | None = None,
-           remaining: list[int] | None = None) -> "Offer":
+           remaining: list[int] | None = None, lattice: list[list[float]] | None = None,
+           forks: list[int | None] | None = None) -> "Offer":
         """A sampled row's draft tokens were drawn at random: choosing by their confidence would
         make the choice depend on the draw, which biases the output (the acceptance rule is exact
         for a proposal chosen independently of it). Those rows offer a constant instead, so the
@@ -107,7 +111,9 @@ class Offer:
             draft = [c if g else [SAMPLED_DRAFT_CONFIDENCE] * len(c) for c, g in zip(draft, greedy)]
         if shared is not None:
             shared = [s if g else None for s, g in zip(shared, greedy)]
-        return cls(greedy, draft, lookup, shared, remaining)
+        if forks is not None:
+            forks = [f if g else None for f, g in zip(forks, greedy)]
+        return cls(greedy, draft, lookup, shared, remaining, lattice, forks)
 
     def sources(self) -> list[tuple[str, list[list[float]]]]:
         return [(name, c) for name, c in zip(SOURCES, (self.draft, self.lookup)) if c is not None]
@@ -117,8 +123,9 @@ class Offer:
 
 
 def tree_options(draft: list[float], lookup: list[float], shared: int) -> list[tuple[float, int, int, int]]:
-    """A row's draft and lookup branches verified together as a tree, sharing their first `shared`
-    tokens; `draft` / `lookup` are each token's acceptance probability given it was reached. ->
+    """A row's draft path and a second branch (lookup's, or the lattice's second path) verified
+    together as a tree, sharing their first `shared` tokens; `draft` / `lookup` are each token's
+    acceptance probability given it was reached. ->
     per tree width w (nodes below the anchor) the best (expected tokens, nodes, draft length, lookup
     length) of at most w nodes; (0.0, 0, 0, 0) where no tree fits. Shared tokens count with the likelier source's
     probability; at the divergence the two tokens differ, so at most one is accepted: their
@@ -156,20 +163,26 @@ def tree_options(draft: list[float], lookup: list[float], shared: int) -> list[t
 @dataclass(frozen=True)
 class Choice:
     """What one cycle verifies: room for k drafts a row (the pass runs k + 1 tokens a row), each
-    row's source ("draft", "lookup", "tree" for both as a tree; "" for none) and number of tokens
+    row's source ("draft", "lookup", "tree" for a tree; "" for none) and number of tokens
     verified (<= k; a tree's nodes below the anchor), the expected tokens this commits summed over
-    the rows, and the rate (tokens per second) that gives. `branches`: per row the draft and lookup
-    lengths of its tree ((0, 0) for rows without one; empty when no row has one)."""
+    the rows, and the rate (tokens per second) that gives. `branches`: per row the lengths of its
+    tree's draft branch and second branch ((0, 0) for rows without one; empty when no row has
+    one), `seconds`: per row the second branch's source ("lookup" or `LATTICE`; "" without a tree)."""
     k: int
     expected: float
     rate: float
     sources: tuple[str, ...] = ()
     lengths: tuple[int, ...] = ()
     branches: tuple[tuple[int, int], ...] = ()
+    seconds: tuple[str, ...] = ()
 
     @property
     def has_tree(self) -> bool:
         return "tree" in self.sources
+
+    def second_source(self, r: int) -> str:
+        """Row r's tree's second branch: "lookup" or `LATTICE` (lookup when `seconds` is not given)."""
+        return self.seconds[r] if self.seconds else "lookup"
 
 
 @dataclass
@@ -205,6 +218,7 @@ class SpeculationPolicy:
         self.costs = costs or CostModel()
         self.acceptance = AcceptanceModel()           # the draft's calibration
         self.lookup_acceptance = AcceptanceModel()    # the lookup proposer's
+        self.lattice_acceptance = AcceptanceModel()   # the draft's second path's, from its fork on
         self.patience, self.min_backoff, self.max_backoff, self.margin = patience, min_backoff, max_backoff, margin
         self.budget, self.optimism, self.sources = budget, optimism, sources
         self.backoff = min_backoff
@@ -221,7 +235,7 @@ class SpeculationPolicy:
                                  self.budget, self.optimism, self.margin, self.sources)
 
     def _table(self, source: str) -> AcceptanceModel:
-        return self.acceptance if source == "draft" else self.lookup_acceptance
+        return {"draft": self.acceptance, "lookup": self.lookup_acceptance, LATTICE: self.lattice_acceptance}[source]
 
     # ------------------------------------------------------------------ decisions
     def plan(self, b: int) -> CyclePlan:
@@ -274,17 +288,28 @@ class SpeculationPolicy:
         return {name: [expectations_by_length(p) for p in rows]
                 for name, rows in self._probabilities(offer, optimism).items()}
 
-    def _trees(self, offer: Offer, optimism: float = 0.0) -> list[list[tuple[float, int, int, int]]] | None:
-        """Per row its `tree_options` (empty: no tree), None when no row may verify a tree."""
-        if offer.shared is None or offer.draft is None or offer.lookup is None:
+    def _trees(self, offer: Offer, optimism: float = 0.0) -> list[list[tuple[float, int, int, int, str]]] | None:
+        """Per row and tree width the best tree (`tree_options` with the second branch's source
+        appended): the draft's path with lookup's, or with the lattice's second path (whose tokens
+        before the fork are the draft's own, at the draft's calibration), whichever expects more at
+        that width; empty: no tree; None when no row may verify one."""
+        if offer.draft is None or (offer.shared is None and offer.forks is None):
             return None
         p = self._probabilities(offer, optimism)
-        trees = [tree_options(d, l, s) if s is not None and d and l else []
-                 for d, l, s in zip(p["draft"], p["lookup"], offer.shared)]
+        trees = []
+        for r, draft in enumerate(p["draft"]):
+            options = []
+            if offer.shared is not None and offer.lookup is not None and offer.shared[r] is not None:
+                options.append((tree_options(draft, p["lookup"][r], offer.shared[r]), "lookup"))
+            if offer.forks is not None and offer.forks[r] is not None:
+                fork = offer.forks[r]
+                second = draft[:fork] + self.lattice_acceptance.probabilities(offer.lattice[r][fork:], True, optimism)
+                options.append((tree_options(draft, second, fork), LATTICE))
+            trees.append(_best_per_width(options))
         return trees if any(trees) else None
 
     def _best(self, b: int, expectations: dict[str, list[list[float]]], drafts: int, drafted: bool,
-              every: bool = False, trees: list[list[tuple[float, int, int, int]]] | None = None,
+              every: bool = False, trees: list[list[tuple[float, int, int, int, str]]] | None = None,
               optimistic: bool = False, remaining: list[int] | None = None) -> Choice:
         """The k (0..drafts, or up to the widest tree) of the highest rate, each row taking its best
         source at k (a tree of at most k nodes included, its width priced like any verified token);
@@ -295,26 +320,28 @@ class SpeculationPolicy:
         best = Choice(0, 0.0, -1.0)
         steps = self._plain_steps(b, remaining)
         for k in ([room] if every else range(room + 1)):
-            per_row, sources, lengths, branches = [], [], [], []
+            per_row, sources, lengths, branches, seconds = [], [], [], [], []
             for r in range(b):
-                row_best, source, length, branch = (-1.0 if every else 1.0), "", 0, (0, 0)
+                row_best, source, length, branch, second = (-1.0 if every else 1.0), "", 0, (0, 0), ""
                 for name, rows in expectations.items():
                     n = min(k, drafts, len(rows[r]) - 1)
                     if rows[r][n] > row_best and n > 0:
                         row_best, source, length = rows[r][n], name, n
                 if trees and trees[r]:
-                    tree_expected, nodes, n_draft, n_lookup = trees[r][min(k, len(trees[r]) - 1)]
+                    tree_expected, nodes, n_draft, n_second, name = trees[r][min(k, len(trees[r]) - 1)]
                     if tree_expected > row_best and nodes:
-                        row_best, source, length, branch = tree_expected, "tree", nodes, (n_draft, n_lookup)
+                        row_best, source, length, branch, second = tree_expected, "tree", nodes, (n_draft, n_second), name
                 per_row.append(max(row_best, 1.0))
                 sources.append(source)
                 lengths.append(length)
                 branches.append(branch)
+                seconds.append(second)
             width = max(lengths, default=0)
             rate = self.rate(b, per_row, self.cycle_seconds(b, width, drafted, optimistic), remaining, steps)
             if rate > best.rate:
+                tree = "tree" in sources
                 best = Choice(width, sum(per_row), rate, tuple(sources), tuple(lengths),
-                              tuple(branches) if "tree" in sources else ())
+                              tuple(branches) if tree else (), tuple(seconds) if tree else ())
         return best
 
     def _plain_steps(self, b: int, remaining: list[int] | None) -> list[float] | None:
@@ -449,8 +476,15 @@ class SpeculationPolicy:
         offered = dict(offer.sources())
         for r, (source, verified, accepted) in enumerate(zip(choice.sources, record.verified, record.accepted)):
             if source == "tree":                 # each branch calibrates its own source
-                for name, length, branch_accepted in zip(SOURCES, choice.branches[r], record.branch_accepted[r]):
-                    self._table(name).observe(offered[name][r], offer.greedy[r], length, branch_accepted)
+                (n_draft, n_second), (draft_accepted, second_accepted) = choice.branches[r], record.branch_accepted[r]
+                self.acceptance.observe(offer.draft[r], True, n_draft, draft_accepted)
+                if choice.second_source(r) == LATTICE:  # its own tokens start at the fork, reached when the draft's before it were accepted
+                    fork = offer.forks[r]
+                    if second_accepted >= fork:
+                        self.lattice_acceptance.observe(offer.lattice[r][fork:], True, n_second - fork,
+                                                        second_accepted - fork)
+                else:
+                    self.lookup_acceptance.observe(offer.lookup[r], True, n_second, second_accepted)
             elif source and verified:
                 self._table(source).observe(offered[source][r], offer.greedy[r], verified, accepted)
         if record.probe and record.drafted and self.mode == "auto" and self.plain_left == 0:
@@ -463,3 +497,14 @@ class SpeculationPolicy:
                 self.losing, self.backoff = 0, self.min_backoff
             else:
                 self._fall_back(b, self._lost(b, record.seconds, sum(record.accepted) + b))
+
+
+def _best_per_width(options: list[tuple[list[tuple[float, int, int, int]], str]]) -> list[tuple[float, int, int, int, str]]:
+    """Several `tree_options` lists of one row, each with its second branch's source -> per width the
+    option that expects the most tokens (empty when none has any)."""
+    widest = max((len(o) for o, _ in options), default=0)
+    best = []
+    for w in range(widest):
+        candidates = [(*o[min(w, len(o) - 1)], name) for o, name in options if o]
+        best.append(max(candidates, key=lambda c: c[0]))
+    return best

@@ -23,6 +23,9 @@ Contract:
   0.5 / 0.85 / 1.3 gave +0.013 / +0.032 / 0.000; BENCHMARKS.md section 11). Exactness does not
   depend on it: the returned q is the distribution the tokens were drawn from, which is what the
   acceptance rule divides by. Greedy rows are unaffected.
+- `lattice=True` (a draft with a selector): the proposal also carries the lattice's second path
+  (`CandidateSelector.second_path`: the runner-up where a second branch is likeliest to win, then
+  greedy), for greedy rows to verify beside the main path as a token tree; sampled rows ignore it.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import torch.nn.functional as F
 
 from dflash2.decoding.acceptance import dense_q
 from dflash2.model.draft import DFlash2DraftModel
+from dflash2.model.selector import SecondPath
 from dflash2.model.mask import block_visibility
 from dflash2.decoding.ragged import compaction_index, worth_compacting
 from dflash2.decoding.timing import Stopwatch
@@ -47,12 +51,14 @@ class Proposal:
     tokens: torch.Tensor            # [b, T]
     q: torch.Tensor | None          # [b, T, V] (None when every row is greedy)
     confidence: torch.Tensor | None = None   # [b, T] the draft's probability of each token
+    second: SecondPath | None = None         # the lattice's second path (target ids), `lattice` only
 
 
 class DraftProposer:
     def __init__(self, draft: DFlash2DraftModel, stopwatch: Stopwatch | None = None,
-                 temperature_factor: float = SAMPLED_DRAFT_TEMPERATURE):
+                 temperature_factor: float = SAMPLED_DRAFT_TEMPERATURE, lattice: bool = False):
         self.draft = draft
+        self.lattice = lattice and draft.selector is not None
         self.temperature_factor = temperature_factor
         self.window = draft.config.sliding_window
         self.stopwatch = stopwatch or Stopwatch(None)
@@ -152,7 +158,8 @@ class DraftProposer:
                 scores = selector.pair_scores(hidden, anchors, cand_ids, cand_logits)
                 path = selector.walk(scores, cand_ids, temperature, u)
                 q = None if path.q is None else dense_q(cand_ids, path.q, vocab)
-                return Proposal(path.tokens, q, path.confidence)
+                second = selector.second_path(scores, cand_ids, path) if self.lattice and bool(greedy.any()) else None
+                return Proposal(path.tokens, q, path.confidence, second)
             scale = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None, None]
             q = torch.softmax(logits / scale, dim=-1)                              # [b, T, Vd]
             picks = logits.argmax(dim=-1)

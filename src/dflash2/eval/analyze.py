@@ -145,8 +145,12 @@ class Tally:
         self.reach = torch.zeros(positions, dtype=torch.float64)
         self.full_blocks = 0
         self.tau = {"argmax": 0.0, "selector": 0.0, "oracle": 0.0}
+        self.tree_tau = torch.zeros(positions, dtype=torch.float64)    # [L] main + second path cut to L nodes
+        self.tree_nodes = torch.zeros(positions, dtype=torch.float64)  # [L] the nodes that branch adds
 
-    def add(self, labels, top1, topk_ids, selector_tokens) -> None:
+    def add(self, labels, top1, topk_ids, selector_tokens, second=None) -> None:
+        """labels / top1 / selector_tokens [n, T], topk_ids [n, T, K]; `second` the lattice's
+        `SecondPath` (None without a selector: the tree columns stay the selector's own)."""
         labels, top1, topk_ids, selector_tokens = (t.cpu() for t in (labels, top1, topk_ids, selector_tokens))
         valid = labels >= 0
         hit1 = ((top1 == labels) & valid).long()
@@ -162,7 +166,18 @@ class Tally:
         self.reach += hitk[full].cumprod(-1).sum(0)
         self.tau["argmax"] += float((1 + hit1[full].cumprod(-1).sum(-1)).sum())
         self.tau["oracle"] += float((1 + hitk[full].cumprod(-1).sum(-1)).sum())
-        self.tau["selector"] += float((1 + ((selector_tokens == labels) & valid).long()[full].cumprod(-1).sum(-1)).sum())
+        main = ((selector_tokens == labels) & valid).long()[full].cumprod(-1).sum(-1)        # [f] accepted
+        self.tau["selector"] += float((1 + main).sum())
+        positions = labels.shape[1]
+        if second is None:
+            self.tree_tau += float((1 + main).sum())
+            return
+        tokens, fork = second.tokens.cpu()[full], second.fork.cpu()[full]
+        other = (tokens == labels[full]).long().cumprod(-1).sum(-1)                           # [f]
+        for cut in range(1, positions + 1):     # the second branch keeps its first `cut` nodes past the fork
+            reach = torch.minimum(other, fork + cut)
+            self.tree_tau[cut - 1] += float((1 + torch.maximum(main, reach)).sum())
+            self.tree_nodes[cut - 1] += float(torch.clamp(positions - fork, max=cut).sum())
 
     def recall(self) -> dict:
         def ratio(num, den):
@@ -174,6 +189,13 @@ class Tally:
 
     def acceptance(self) -> dict:
         return {k: v / self.full_blocks if self.full_blocks else None for k, v in self.tau.items()}
+
+    def lattice_tree(self) -> dict:
+        """The selector's path and its second path (`CandidateSelector.second_path`) as a token tree,
+        the second branch cut to 1..T nodes: per cut, tau of the tree and the nodes the branch adds
+        (the main path has T), per full block."""
+        n = max(self.full_blocks, 1)
+        return {"tau": [float(v / n) for v in self.tree_tau], "extra_nodes": [float(v / n) for v in self.tree_nodes]}
 
 
 @torch.inference_mode()
@@ -200,12 +222,13 @@ def teacher_forced(pipe: Pipeline, sequences: list[tuple[int, list[int]]], args:
                 with probes[variant]:
                     hidden = draft.forward_blocks(block_ids[None], positions[None], context, mask)[0][:, 1:]
                 logits = draft.logits(hidden)
-                selector_tokens = logits.argmax(-1)
+                selector_tokens, second = logits.argmax(-1), None
                 if draft.selector is not None:
                     cand_logits, cand_ids = logits.topk(min(draft.selector.top_k, logits.shape[-1]), dim=-1)
                     scores = draft.selector.pair_scores(hidden, block_ids[:, 0], cand_ids, cand_logits)
-                    selector_tokens = draft.selector.walk(scores, cand_ids, 0.0).tokens
-                tally.add(labels, logits.argmax(-1), logits.topk(top_k, dim=-1).indices, selector_tokens)
+                    path = draft.selector.walk(scores, cand_ids, 0.0)
+                    selector_tokens, second = path.tokens, draft.selector.second_path(scores, cand_ids, path)
+                tally.add(labels, logits.argmax(-1), logits.topk(top_k, dim=-1).indices, selector_tokens, second)
     draft.conv_enabled = True
 
 
@@ -309,6 +332,7 @@ def run_analysis(pipe: Pipeline, args: AnalyzeSettings) -> dict:
                      "device": args.model.device, "dtype": args.model.dtype, "seed": args.model.seed},
         "recall": recall,
         "acceptance": {v: tallies[v].acceptance() for v in variants},
+        "lattice_tree": on.lattice_tree(),
         "suffix_decay": {"topk_first": recall["topk"][0], "topk_last": recall["topk"][-1],
                          "oracle_reach_last": recall["oracle_reach"][-1]},
         "attention_share": dict(shares, recompute_max_error=max(p.max_error for p in probes.values())),
@@ -345,6 +369,14 @@ def render_markdown(r: dict) -> str:
     lines.append("## Acceptance length of full blocks, teacher-forced (b)\n")
     rows = [[v.replace("_", " "), a["argmax"], a["selector"], a["oracle"]] for v, a in r["acceptance"].items()]
     lines.append(markdown_table(["draft", "argmax", "selector (greedy walk)", f"oracle (best path in top-{k})"], rows))
+    tree = r.get("lattice_tree")
+    if tree and s.get("selector_top_k"):
+        lines.append("## The lattice's second path as a tree branch (b')\n")
+        lines.append(f"Main path: {s['block_size'] - 1} nodes, tau {r['acceptance']['convs_on']['selector']:.3f}. "
+                     "The second path forks where reaching it times its runner-up's probability is highest "
+                     "and is cut to at most L nodes past the fork.\n")
+        rows = [[cut, t, n] for cut, (t, n) in enumerate(zip(tree["tau"], tree["extra_nodes"]), start=1)]
+        lines.append(markdown_table(["L", "tau of the tree", "nodes added (mean)"], rows))
     share = r["attention_share"]
     lines.append("## In-block attention share per draft layer (d)\n")
     rows = [[i + 1, 100 * a, 100 * b] for i, (a, b) in enumerate(zip(share["convs_on"], share["convs_off"]))]

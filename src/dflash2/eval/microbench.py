@@ -52,7 +52,7 @@ def phase_medians(fn, repeats: int, watch: Stopwatch) -> dict[str, float]:
 
 
 def run(target: str, draft: str | None, repeats: int, device: str, dtype: str, new_tokens: int) -> dict:
-    pipe = load_decoder(target, draft, device, dtype, proposer="draft",
+    pipe = load_decoder(target, draft, device, dtype, proposer="draft", lattice=False,
                         implementation="transformers")  # HF generate() below
     decoder, adapter, model = pipe.decoder, pipe.decoder.target, pipe.decoder.target.model
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)

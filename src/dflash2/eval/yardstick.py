@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = YardstickSettings(tuple(args.data), args.heldout, args.per_benchmark, args.max_new_tokens,
                                      args.batch_size)
         for i, draft in enumerate(args.draft):
-            pipe = load_decoder(args.target, draft, args.device, speculate="always", proposer="draft")
+            pipe = load_decoder(args.target, draft, args.device, speculate="always", proposer="draft", lattice=False)
             result = measure(pipe, settings, frozen_prompts(Path(args.prompts), pipe.tokenizer, settings))
             arm = args.arm[i] if args.arm else draft
             row = {"arm": arm, "draft": draft, "budget": training_budget(Path(draft)), **asdict(result),

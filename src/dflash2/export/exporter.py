@@ -129,7 +129,8 @@ def export_draft(settings: ExportSettings, pipeline: Pipeline | None = None) -> 
     if settings.form == "dflash-v1" and not config.is_dflash2:
         result.notes.append("the draft is already DFlash v1: nothing was removed")
     if _measures(settings, config):
-        pipe = pipeline or load_decoder(settings.target, str(settings.draft), draft_dtype="float32", proposer="draft")
+        pipe = pipeline or load_decoder(settings.target, str(settings.draft), draft_dtype="float32",
+                                        proposer="draft", lattice=False)
         draft = pipe.decoder.draft
         reloaded = DFlash2DraftModel.from_pretrained(settings.out, dtype=draft.fc.weight.dtype,
                                                      device=draft.fc.weight.device)

@@ -30,6 +30,13 @@ class SelectedPath:
     confidence: torch.Tensor     # [b, T] the walk's probability of each chosen token
 
 
+@dataclass
+class SecondPath:
+    tokens: torch.Tensor         # [b, T] the main path's tokens before `fork`, the second path's from it
+    fork: torch.Tensor           # [b] the first position (0-based) where it leaves the main path
+    confidence: torch.Tensor     # [b, T] the walk's probability of each token (the runner-up's at the fork)
+
+
 class CandidateSelector(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int, rank: int = 256, top_k: int = 16):
         super().__init__()
@@ -99,3 +106,38 @@ class CandidateSelector(nn.Module):
         tokens = candidate_ids.gather(-1, picks.unsqueeze(-1)).squeeze(-1)
         return SelectedPath(tokens, candidate_ids, torch.stack(dists, dim=1) if dists else None,
                             torch.stack(confidence, dim=1))
+
+    @staticmethod
+    def second_path(scores: torch.Tensor, candidate_ids: torch.Tensor, main: SelectedPath) -> SecondPath:
+        """The lattice's second greedy path: it follows `main` (a greedy walk of these scores) up to
+        the fork j, takes the runner-up successor there and walks greedily on. j maximises
+        reach_j * p2_j, the walk's probability of reaching j on the main path (the product of its
+        confidences before j) times the runner-up's probability at j: where a second branch is most
+        likely to be the one accepted. scores [b, T, K, K] -> `SecondPath` (tokens [b, T], fork [b],
+        the branch's confidence [b, T], its nodes past the fork valid from `fork` on)."""
+        b, t_len, k, _ = scores.shape
+        rows = torch.arange(b, device=scores.device)
+        picks = (candidate_ids == main.tokens.unsqueeze(-1)).float().argmax(-1)        # [b, T] index in the lists
+        prev = torch.cat([torch.zeros_like(picks[:, :1]), picks[:, :-1]], dim=1)        # [b, T] predecessor index
+        rows_t = scores.gather(2, prev[:, :, None, None].expand(-1, -1, 1, k))[:, :, 0].float()  # [b, T, K]
+        probs = torch.softmax(rows_t, dim=-1)
+        runner_up = probs.topk(min(2, k), dim=-1)                                       # [b, T, 2]
+        reach = torch.cat([torch.ones_like(main.confidence[:, :1]),
+                           main.confidence[:, :-1].float().cumprod(-1)], dim=1)        # [b, T]
+        second_p = runner_up.values[..., -1] if k > 1 else torch.zeros_like(reach)
+        fork = (reach * second_p).argmax(-1)                                            # [b]
+        tokens, confidence = main.tokens.clone(), main.confidence.clone().float()
+        current = runner_up.indices[rows, fork, -1]                                     # [b] the runner-up at j
+        tokens[rows, fork] = candidate_ids[rows, fork, current]
+        confidence[rows, fork] = second_p[rows, fork]
+        for t in range(1, t_len):                                                       # greedy past the fork
+            past = fork < t
+            if not bool(past.any()):
+                continue
+            row = scores[rows, t, current].float()                                      # [b, K]
+            pick = row.argmax(-1)
+            q = torch.softmax(row, dim=-1).gather(-1, pick[:, None])[:, 0]
+            tokens[:, t] = torch.where(past, candidate_ids[rows, t, pick], tokens[:, t])
+            confidence[:, t] = torch.where(past, q, confidence[:, t])
+            current = torch.where(past, pick, current)
+        return SecondPath(tokens, fork, confidence)

@@ -68,7 +68,8 @@ def bench_arm(arm_dir: Path, temperature: str, args) -> dict:
     if (out / "results.json").is_file():
         return json.loads((out / "results.json").read_text())
     prompts = args.t1_num_prompts if temperature == "t1" and args.t1_num_prompts else args.num_prompts
-    model = ModelSettings(target=args.target, draft=str(arm_dir / "final"), speculate="always", seed=0, proposer="draft")
+    model = ModelSettings(target=args.target, draft=str(arm_dir / "final"), speculate="always", seed=0, proposer="draft",
+                          lattice=False)
     settings = bench.BenchSettings(model, tuple(parse_list(args.datasets, "--datasets")), num_prompts=prompts,
                                    max_new_tokens=args.max_new_tokens, baseline=False,
                                    concurrency=(int(args.concurrency),), output=str(out),
