@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from conftest import TEST_DEVICE, OracleDecoder, OracleProposer
-from dflash2.decoding.costs import CostModel
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.policy import LATTICE, Choice, CyclePlan, CycleRecord, Offer, SpeculationPolicy
 from dflash2.decoding.proposer import Proposal
@@ -20,18 +19,13 @@ from dflash2.decoding.verifier import TargetAdapter
 from dflash2.model.selector import SecondPath
 from dflash2.targets.tiny import tiny_draft, tiny_target
 from test_lookup import NEW_TOKENS, VOCAB, reference
+from test_tree import _policy as tree_policy
 
 
 # ---------------------------------------------------------------------- pricing and calibration
 def _policy(per_token: float) -> SpeculationPolicy:
-    costs = CostModel()
-    for q in (1, 8, 32):
-        costs.observe_verify(1, q, 0.01 + per_token * q)
-    costs.observe_verify(2, 1, 0.01 + 2 * per_token)    # a plain step timed at each batch size used
-    costs.observe_draft(1, 0.001)
-    policy = SpeculationPolicy("auto", costs)
-    for name in ("draft", LATTICE):            # calibrated: right as often as they are confident
-        policy._table(name).counts[True] = [[10.0 * i + 5.0, 100.0] for i in range(10)]
+    policy = tree_policy(per_token)            # the draft calibrated: right as often as it is confident
+    policy._table(LATTICE).counts[True] = [[10.0 * i + 5.0, 100.0] for i in range(10)]   # the lattice likewise
     return policy
 
 
