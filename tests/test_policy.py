@@ -358,3 +358,31 @@ def test_two_explored_sources_share_one_exploration_budget():
         waits.append(policy.lookup_wait)
         assert policy.fresh().sources == sources
     assert waits[1] >= 2 * waits[0] - 1
+
+
+def test_a_plain_step_of_more_rows_never_costs_less():
+    """Noisy timings can put 4 rows below 3; the fixed batch's objective then takes the dearer figure,
+    so a cycle never saves a negative time."""
+    from dflash2.decoding.horizon import saved_seconds, step_curve
+    steps = step_curve(4, {1: 0.05, 2: 0.08, 4: 0.0}.__getitem__)
+    assert steps == sorted(steps) and steps[0] == 0.05
+    assert saved_seconds([35, 40, 20, 11], [1.0, 4.0, 2.5, 4.0], steps) > 0
+
+
+@pytest.mark.parametrize("mode", ["always", "auto"])
+def test_every_choice_names_a_source_for_every_row(mode):
+    """Whatever the cost model has seen (zero or tiny timings, a curve that falls with rows), the
+    choice has one source and length per row: the engine assembles its block from them. (A fixed
+    batch whose every rate came out negative once left the choice empty, and the engine failed.)"""
+    rng = random.Random(0)
+    for _ in range(400):
+        costs = CostModel()
+        b = rng.choice([1, 2, 3, 4, 8])
+        for _ in range(rng.randint(0, 6)):
+            costs.observe_verify(rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 4, 8]),
+                                 rng.choice([0.0, 1e-7, rng.random() * 0.2]))
+        lookup = [[rng.random() for _ in range(rng.randint(0, 7))] for _ in range(b)]
+        remaining = [rng.randint(0, 40) for _ in range(b)] if rng.random() < 0.7 else None
+        choice = SpeculationPolicy(mode, costs).choose(b, Offer([True] * b, None, lookup, remaining=remaining), block=8)
+        assert len(choice.sources) == len(choice.lengths) == b
+        assert choice.k == max(choice.lengths)

@@ -10,7 +10,9 @@ Contract:
   all rows run until the shortest ends, then one row fewer, and so on:
       P(R) = sum_i (R_(i) - R_(i-1)) * step(b - i + 1),   R_(1) <= ... <= R_(b), R_(0) = 0.
 - `step_curve(b, seconds)`: `step` for 1..b rows from `seconds(n)` evaluated at powers of two and at
-  b only (linear between them): a batch of thousands of rows asks the cost model a dozen times.
+  b only (linear between them): a batch of thousands of rows asks the cost model a dozen times;
+  never decreasing in n (noisy timings can say 4 rows cost less than 3: a step of n rows is taken
+  at the dearest of 1..n, so that no cycle saves a negative time).
 - `saved_seconds(remaining, expected, step)`: the plain decoding time that a cycle committing
   `expected[r]` tokens to row r (at most `remaining[r]`) saves: P(R) - P(R - E). A plain step saves
   step(b) exactly (every row has a token left).
@@ -47,4 +49,6 @@ def step_curve(b: int, seconds: Callable[[int], float]) -> list[float]:
     steps = [known[0][1]]
     for (n0, s0), (n1, s1) in zip(known, known[1:]):
         steps += [s0 + (s1 - s0) * (n - n0) / (n1 - n0) for n in range(n0 + 1, n1 + 1)]
+    for n in range(1, len(steps)):
+        steps[n] = max(steps[n], steps[n - 1])
     return steps

@@ -317,7 +317,7 @@ class SpeculationPolicy:
         the cost model's optimistic figures (a probe's); `remaining`: a fixed batch's rows' room (see
         `rate`)."""
         room = max([drafts] + [len(t) - 1 for t in trees or []])
-        best = Choice(0, 0.0, -1.0)
+        best = None   # the first k's choice stands until one beats it (a rate can be negative)
         steps = self._plain_steps(b, remaining)
         for k in ([room] if every else range(room + 1)):
             per_row, sources, lengths, branches, seconds = [], [], [], [], []
@@ -338,7 +338,7 @@ class SpeculationPolicy:
                 seconds.append(second)
             width = max(lengths, default=0)
             rate = self.rate(b, per_row, self.cycle_seconds(b, width, drafted, optimistic), remaining, steps)
-            if rate > best.rate:
+            if best is None or rate > best.rate:
                 tree = "tree" in sources
                 best = Choice(width, sum(per_row), rate, tuple(sources), tuple(lengths),
                               tuple(branches) if tree else (), tuple(seconds) if tree else ())
