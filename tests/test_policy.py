@@ -386,3 +386,70 @@ def test_every_choice_names_a_source_for_every_row(mode):
         choice = SpeculationPolicy(mode, costs).choose(b, Offer([True] * b, None, lookup, remaining=remaining), block=8)
         assert len(choice.sources) == len(choice.lengths) == b
         assert choice.k == max(choice.lengths)
+
+
+def _probe_cycles(policy: SpeculationPolicy, draft_s: float, confidence: float, accepted: int, cycles: int):
+    """`cycles` draft cycles (plain steps in between skipped over) of drafts at `confidence`, each
+    accepting `accepted` (80 ms pass) -> per draft cycle (probe, k, fallback started, backoff)."""
+    out = []
+    while len(out) < cycles:
+        plan = policy.plan(1)
+        if not plan.draft:
+            continue
+        policy.drafted(1, draft_s)
+        offer = Offer([True], [[confidence] * 7])
+        choice = policy.choose(1, offer, block=8, probe=plan.probe)
+        if choice.k:
+            policy.observe(CycleRecord(1, offer, choice, True, plan.probe, [choice.k], [min(accepted, choice.k)],
+                                       choice.k + 1, draft_s, 0.080, 0.0))
+        out.append((plan.probe, choice.k, policy.plain_left, policy.backoff))
+    return out
+
+
+def test_one_unlucky_block_does_not_end_a_probe():
+    """A probe's first block rejected at its first token is weak evidence: the probe goes on for a
+    second draft cycle before it is judged (the old rule judged one block, so an unlucky first block
+    switched a paying draft off for most of a short answer), then falls back for what both lost at
+    the budget's 2 %; rejected again and again, fallbacks grow to `max_backoff` as before."""
+    policy = SpeculationPolicy("auto", _costs(0.030), budget=0.02)
+    (probe1, k1, left1, _), (probe2, k2, left2, _), *later = _probe_cycles(policy, 0.030, 0.6, 0, 6)
+    assert probe1 and k1 > 0 and left1 == 0                         # one block: the probe goes on
+    assert probe2 and k2 > 0                                        # the second block is a probe too
+    assert left2 == math.ceil(2 * (0.030 + 0.080 - 0.060) / (0.02 * 0.060))   # both cycles' loss
+    assert later[-1][3] == policy.max_backoff                       # the evidence piled up: long fallbacks
+
+
+def test_a_probe_still_hopeful_at_its_bound_does_not_grow_the_next_fallback():
+    """A draft that does not pay at its posterior mean but may at its optimistic bound (one token of
+    each block accepted, a dear draft pass) falls back for the budget's length after each probe of
+    two cycles, and that length does not double: the budget alone bounds what probing it loses."""
+    policy = SpeculationPolicy("auto", _costs(0.060), budget=0.02)
+    cycles = _probe_cycles(policy, 0.060, 0.5, 1, 6)
+    assert all(probe for probe, *_ in cycles)
+    fallbacks = [left for _, _, left, _ in cycles if left]
+    assert fallbacks == [math.ceil(2 * (0.060 + 0.080 - 2 * 0.060) / (0.02 * 0.060))] * 3
+    assert policy.backoff == policy.min_backoff
+
+
+def test_a_probe_that_pays_ends_and_speculation_goes_on():
+    policy = SpeculationPolicy("auto", _costs(0.030))
+    assert policy.plan(1).probe
+    policy.drafted(1, 0.030)
+    offer = Offer([True], [[0.6] * 7])
+    choice = policy.choose(1, offer, block=8, probe=True)
+    policy.observe(CycleRecord(1, offer, choice, True, True, [choice.k], [choice.k], choice.k + 1, 0.030, 0.080, 0.0))
+    plan = policy.plan(1)
+    assert plan.draft and not plan.probe and policy.plain_left == 0
+
+
+def test_the_first_draft_probe_waits_for_a_row_that_lookup_leaves_uncovered():
+    """Hybrid, before the draft has been measured: a cycle whose rows lookup all serve well is not
+    spent on the draft's probe (its pass would lose to lookup there and fall back for it); a cycle
+    with a row that lookup has nothing for runs it. Once the draft has a yield, that decides."""
+    policy = SpeculationPolicy("auto", _costs(0.030), sources=2)
+    covered = Offer([True], None, [[0.7] * 7])
+    assert not policy.worth_drafting(1, covered, block=8)
+    assert policy.worth_drafting(1, Offer([True], None, [[]]), block=8)
+    assert policy.worth_drafting(2, Offer([True] * 2, None, [[0.95] * 7, []]), block=8)
+    policy.outlook = (7.0, 7.5)                                  # a draft that usually gives 7.5 tokens a row
+    assert policy.worth_drafting(1, covered, block=8)

@@ -20,6 +20,7 @@ class AcceptanceModel:
     `scale`)."""
     bins: int = 10
     prior_weight: float = 2.0
+    scale_weight: float = 2.0   # the prior weight of the table-wide calibration (`scale`)
     counts: dict[bool, list[list[float]]] = field(default_factory=dict)  # greedy -> [bin] -> [accepted, reached]
     totals: dict[bool, list[float]] = field(default_factory=dict)  # greedy -> [accepted, sum of the reached bins' mids]
 
@@ -29,7 +30,7 @@ class AcceptanceModel:
         other bins turned out (a lookup whose matches chat text rejects, a draft that is weaker or
         stronger than its confidence says), instead of being tried at its face value bin by bin."""
         accepted, predicted = self.totals.get(greedy, (0.0, 0.0))
-        return (accepted + self.prior_weight) / (predicted + self.prior_weight)
+        return (accepted + self.scale_weight) / (predicted + self.scale_weight)
 
     def _table(self, greedy: bool) -> list[list[float]]:
         if greedy not in self.counts:

@@ -39,7 +39,9 @@ Contract:
   depends on a random draw biases the output.
 - `worth_drafting(b, offer, block)`: with the lookup offer in hand, before the draft pass, whether
   the draft at its usual yield (a moving average of its k and expected tokens a row) beats the
-  lookup alone, pass included.
+  lookup alone, pass included; before the draft has a yield, only when lookup leaves some row
+  uncovered (so its probe measures it where lookup cannot serve, instead of losing a cycle that
+  lookup already covers and falling back for it).
 - Lookup costs no pass and is chosen cycle by cycle at its mean; when only its optimistic bound or
   figures this run has not observed would verify more, a lookup probe verifies that once,
   budgeted like a fallback (see `_lookup_choice`).
@@ -47,10 +49,14 @@ Contract:
   when the best length is 0 or, in a probe, when even the optimistic best rate is below the best
   rate without the draft (lookup alone, or plain decoding) (the draft pass was the only cost: nothing is verified), when the
   best rate stays below plain decoding's for `patience` cycles, or when a probe, judged with what
-  it measured, did not pay. A fallback lasts long enough that what the failed speculation lost,
+  it measured, did not pay: a probe lasts up to `probe_window` draft cycles while the draft does
+  not pay at the posterior mean but may at the optimistic bound, and ends at once when it pays or
+  when even the bound says no. A fallback lasts long enough that what the failed speculation lost,
   the cycle's time beyond that of plain steps committing its expected tokens, is at most
   `budget` of the fallback's time; at least `backoff` steps, which doubles after each fallback
-  (up to `max_backoff`) and returns to `min_backoff` once speculation pays. So a draft that never
+  (up to `max_backoff`) and returns to `min_backoff` once speculation pays -- except after a probe
+  that failed at the posterior mean while the optimistic bound still says the draft pays (weak
+  evidence: the next probe comes after the budget's length alone). So a draft that never
   pays costs at most `budget` of plain decoding's time after its first probe. `sources` (2 for
   `hybrid`, whose draft and lookup are both explored) splits `budget` between them, so exploring
   both costs at most what exploring one does.
@@ -68,6 +74,7 @@ from dataclasses import dataclass, field
 from dflash2.decoding.acceptance_model import AcceptanceModel, expectations_by_length, expected_tokens
 from dflash2.decoding.costs import CostModel
 from dflash2.decoding.horizon import saved_seconds, step_curve
+from dflash2.decoding.tree_expectation import best_per_width, tree_options
 
 SPECULATE_MODES = ("auto", "always", "never")
 
@@ -81,6 +88,8 @@ class CyclePlan:
 SOURCES = ("draft", "lookup")   # the sources a row may verify alone
 LATTICE = "lattice"             # the draft's second path: only ever a tree's second branch
 SAMPLED_DRAFT_CONFIDENCE = 0.5   # what the policy sees of a sampled row's draft tokens (see `Offer.of`)
+DRAFT_SCALE_WEIGHT = 8.0   # the draft's confidence is a trained model's probability: its table-wide calibration
+                           # moves only as evidence worth 8 reached tokens says (lookup's heuristic one: 2)
 
 
 @dataclass(frozen=True)
@@ -120,44 +129,6 @@ class Offer:
 
     def without_draft(self) -> "Offer":
         return Offer(self.greedy, None, self.lookup, None, self.remaining)
-
-
-def tree_options(draft: list[float], lookup: list[float], shared: int) -> list[tuple[float, int, int, int]]:
-    """A row's draft path and a second branch (lookup's, or the lattice's second path) verified
-    together as a tree, sharing their first `shared` tokens; `draft` / `lookup` are each token's
-    acceptance probability given it was reached. ->
-    per tree width w (nodes below the anchor) the best (expected tokens, nodes, draft length, lookup
-    length) of at most w nodes; (0.0, 0, 0, 0) where no tree fits. Shared tokens count with the likelier source's
-    probability; at the divergence the two tokens differ, so at most one is accepted: their
-    probabilities are scaled to sum to at most 1. Empty when one branch is a prefix of the other
-    (the longer path is then the whole tree)."""
-    if shared >= min(len(draft), len(lookup)):
-        return []
-    reach, base = 1.0, 1.0
-    for a, c in zip(draft[:shared], lookup[:shared]):
-        reach *= max(a, c)
-        base += reach
-    both = draft[shared] + lookup[shared]
-    start = reach / both if both > 1 else reach
-
-    def gains(p: list[float]) -> list[float]:     # expected tokens from the first j divergent nodes
-        out, r = [0.0], start
-        for a in p[shared:]:
-            r *= a
-            out.append(out[-1] + r)
-        return out
-
-    draft_gain, lookup_gain = gains(draft), gains(lookup)
-    best = [(0.0, 0, 0, 0)] * (len(draft) + len(lookup) - shared + 1)
-    for i in range(1, len(draft_gain)):
-        for j in range(1, len(lookup_gain)):
-            expected = base + draft_gain[i] + lookup_gain[j]
-            if expected > best[shared + i + j][0]:
-                best[shared + i + j] = (expected, shared + i + j, shared + i, shared + j)
-    for w in range(1, len(best)):
-        if best[w - 1][0] > best[w][0]:
-            best[w] = best[w - 1]
-    return best
 
 
 @dataclass(frozen=True)
@@ -211,20 +182,21 @@ class CycleRecord:
 class SpeculationPolicy:
     def __init__(self, mode: str = "auto", costs: CostModel | None = None, patience: int = 3,
                  min_backoff: int = 8, max_backoff: int = 512, budget: float = 0.02, optimism: float = 1.0,
-                 margin: float = 0.0, sources: int = 1):
+                 margin: float = 0.0, sources: int = 1, probe_window: int = 2):
         if mode not in SPECULATE_MODES:
             raise ValueError(f"speculate mode must be one of {', '.join(SPECULATE_MODES)}, got {mode!r}")
         self.mode = mode
         self.costs = costs or CostModel()
-        self.acceptance = AcceptanceModel()           # the draft's calibration
+        self.acceptance = AcceptanceModel(scale_weight=DRAFT_SCALE_WEIGHT)   # the draft's calibration
         self.lookup_acceptance = AcceptanceModel()    # the lookup proposer's
         self.lattice_acceptance = AcceptanceModel()   # the draft's second path's, from its fork on
         self.patience, self.min_backoff, self.max_backoff, self.margin = patience, min_backoff, max_backoff, margin
-        self.budget, self.optimism, self.sources = budget, optimism, sources
+        self.budget, self.optimism, self.sources, self.probe_window = budget, optimism, sources, probe_window
         self.backoff = min_backoff
         self.losing = 0          # consecutive cycles whose best rate was below that without the draft
         self.plain_left = 0      # cycles left in the current fallback (no draft pass)
         self.probing = True      # the next draft pass is a probe (the first one, or after a fallback)
+        self.probe_cycles, self.probe_lost = 0, 0.0   # the probe under way: its draft cycles, what they lost
         self.outlook: tuple[float, float] | None = None   # the draft's usual (k, expected tokens a row)
         self.lookup_wait = 0     # lookup cycles before the next lookup probe may run (`_lookup_choice`)
         self.lookup_backoff = min_backoff
@@ -232,7 +204,7 @@ class SpeculationPolicy:
     def fresh(self) -> "SpeculationPolicy":
         """The same settings and cost model, nothing learned of the proposers, no fallback under way."""
         return SpeculationPolicy(self.mode, self.costs, self.patience, self.min_backoff, self.max_backoff,
-                                 self.budget, self.optimism, self.margin, self.sources)
+                                 self.budget, self.optimism, self.margin, self.sources, self.probe_window)
 
     def _table(self, source: str) -> AcceptanceModel:
         return {"draft": self.acceptance, "lookup": self.lookup_acceptance, LATTICE: self.lattice_acceptance}[source]
@@ -305,7 +277,7 @@ class SpeculationPolicy:
                 fork = offer.forks[r]
                 second = draft[:fork] + self.lattice_acceptance.probabilities(offer.lattice[r][fork:], True, optimism)
                 options.append((tree_options(draft, second, fork), LATTICE))
-            trees.append(_best_per_width(options))
+            trees.append(best_per_width(options))
         return trees if any(trees) else None
 
     def _best(self, b: int, expectations: dict[str, list[list[float]]], drafts: int, drafted: bool,
@@ -370,10 +342,12 @@ class SpeculationPolicy:
     def worth_drafting(self, b: int, offer: Offer, block: int) -> bool:
         """Before the draft pass, with the lookup offer in hand: whether the draft, at what it usually
         gives, is expected to add more than its pass costs (True when nothing is known yet)."""
-        if self.mode != "auto" or self.outlook is None or offer.lookup is None:
+        if self.mode != "auto" or offer.lookup is None:
             return True
         lookup = self._expectations(offer)
         alone = self._best(b, lookup, block - 1, drafted=False, remaining=offer.remaining)
+        if self.outlook is None:   # the draft's probe waits for a cycle with a row that lookup leaves uncovered
+            return not all(alone.sources)
         k, per_row = round(self.outlook[0]), self.outlook[1]
         mixed = [max(per_row, row[min(k, len(row) - 1)]) for row in lookup["lookup"]]
         return self.rate(b, mixed, self.cycle_seconds(b, k, True), offer.remaining) > alone.rate
@@ -459,11 +433,14 @@ class SpeculationPolicy:
         needed = math.ceil(max(lost_seconds, 0.0) / max(share * self.plain_step_seconds(b), 1e-12))
         return min(max(backoff, needed), self.max_backoff)
 
-    def _fall_back(self, b: int, lost_seconds: float) -> None:
+    def _fall_back(self, b: int, lost_seconds: float, escalate: bool = True) -> None:
         """Cycles without the draft pass long enough that `lost_seconds` is at most `budget` of their
-        time, and at least `backoff` of them; the next fallback is at least twice as long."""
+        time, and at least `backoff` of them; `escalate`: the next fallback is at least twice as long
+        (not after a probe that failed at the mean while its optimistic bound still pays: one unlucky
+        block is weak evidence, and the budget alone already bounds what probing loses)."""
         self.plain_left = self._fallback_length(b, lost_seconds, self.backoff)
-        self.backoff = min(2 * self.plain_left, self.max_backoff)
+        if escalate:
+            self.backoff = min(2 * self.plain_left, self.max_backoff)
         self.losing = 0
 
     # ------------------------------------------------------------------ feedback
@@ -488,23 +465,28 @@ class SpeculationPolicy:
             elif source and verified:
                 self._table(source).observe(offered[source][r], offer.greedy[r], verified, accepted)
         if record.probe and record.drafted and self.mode == "auto" and self.plain_left == 0:
-            self.probing = False               # judge the probe with what it just measured
-            expectations = self._expectations(offer)
-            drafts, remaining = len(offer.draft[0]), offer.remaining
-            without = self._best(b, {n: e for n, e in expectations.items() if n != "draft"}, drafts, False,
-                                 remaining=remaining)
-            if self._pays(self._best(b, expectations, drafts, True, remaining=remaining).rate, without.rate):
-                self.losing, self.backoff = 0, self.min_backoff
-            else:
-                self._fall_back(b, self._lost(b, record.seconds, sum(record.accepted) + b))
+            self._judge_probe(record)
 
-
-def _best_per_width(options: list[tuple[list[tuple[float, int, int, int]], str]]) -> list[tuple[float, int, int, int, str]]:
-    """Several `tree_options` lists of one row, each with its second branch's source -> per width the
-    option that expects the most tokens (empty when none has any)."""
-    widest = max((len(o) for o, _ in options), default=0)
-    best = []
-    for w in range(widest):
-        candidates = [(*o[min(w, len(o) - 1)], name) for o, name in options if o]
-        best.append(max(candidates, key=lambda c: c[0]))
-    return best
+    def _judge_probe(self, record: CycleRecord) -> None:
+        """A probe cycle, judged with what it measured (the posterior mean): the draft pays -- the probe
+        ends, speculation goes on; it does not -- the probe goes on for up to `probe_window` draft
+        cycles while the optimistic bound still says it may pay (one block is weak evidence), then
+        falls back for what the whole probe lost. The next fallback grows only once even the bound
+        says the draft does not pay (see `_fall_back`)."""
+        b, offer = record.b, record.offer
+        self.probe_cycles += 1
+        self.probe_lost += self._lost(b, record.seconds, sum(record.accepted) + b)
+        expectations = self._expectations(offer)
+        drafts, remaining = len(offer.draft[0]), offer.remaining
+        without = self._best(b, {n: e for n, e in expectations.items() if n != "draft"}, drafts, False,
+                             remaining=remaining)
+        if self._pays(self._best(b, expectations, drafts, True, remaining=remaining).rate, without.rate):
+            self.probing, self.losing, self.backoff = False, 0, self.min_backoff
+        else:
+            bound = self._best(b, self._expectations(offer, self.optimism), drafts, True, remaining=remaining)
+            hopeful = self._pays(bound.rate, without.rate)
+            if hopeful and self.probe_cycles < self.probe_window:
+                return                         # still probing: the next draft pass is a probe too
+            self.probing = False
+            self._fall_back(b, self.probe_lost, escalate=not hopeful)
+        self.probe_cycles, self.probe_lost = 0, 0.0
