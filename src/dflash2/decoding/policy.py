@@ -341,7 +341,8 @@ class SpeculationPolicy:
 
     def worth_drafting(self, b: int, offer: Offer, block: int) -> bool:
         """Before the draft pass, with the lookup offer in hand: whether the draft, at what it usually
-        gives, is expected to add more than its pass costs (True when nothing is known yet)."""
+        gives, is expected to add more than its pass costs; before it has a yield, whether lookup
+        leaves some row uncovered (where the draft's probe can show what it is worth)."""
         if self.mode != "auto" or offer.lookup is None:
             return True
         lookup = self._expectations(offer)
