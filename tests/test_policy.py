@@ -453,3 +453,14 @@ def test_the_first_draft_probe_waits_for_a_row_that_lookup_leaves_uncovered():
     assert policy.worth_drafting(2, Offer([True] * 2, None, [[0.95] * 7, []]), block=8)
     policy.outlook = (7.0, 7.5)                                  # a draft that usually gives 7.5 tokens a row
     assert policy.worth_drafting(1, covered, block=8)
+
+
+def test_a_fallback_ends_the_probe_under_way():
+    """A probe's first cycle fails (the probe goes on), then its next draft pass finds nothing worth
+    verifying and falls back at once: the next probe starts afresh, not as that probe's second cycle."""
+    policy = SpeculationPolicy("auto", _costs(0.030), budget=0.02)
+    _probe_cycles(policy, 0.030, 0.6, 0, 1)
+    assert policy.probe_cycles == 1 and policy.probing
+    policy.drafted(1, 0.030)
+    policy.choose(1, Offer([True], [[0.0] * 7]), block=8, probe=True)   # nothing worth verifying: fall back
+    assert policy.plain_left > 0 and policy.probe_cycles == 0 and policy.probe_lost == 0.0

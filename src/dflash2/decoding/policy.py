@@ -443,6 +443,7 @@ class SpeculationPolicy:
         if escalate:
             self.backoff = min(2 * self.plain_left, self.max_backoff)
         self.losing = 0
+        self.probe_cycles, self.probe_lost = 0, 0.0   # a probe cut short by this fallback ends with it
 
     # ------------------------------------------------------------------ feedback
     def observe(self, record: CycleRecord) -> None:
