@@ -15,7 +15,8 @@ import torch
 import random
 
 from dflash2.decoding.engine import SpeculativeDecoder
-from dflash2.decoding.policy import Choice, CyclePlan, SpeculationPolicy
+from dflash2.decoding.cycle import Choice, CyclePlan
+from dflash2.decoding.policy import SpeculationPolicy
 from dflash2.decoding.proposer import Proposal
 from dflash2.targets.tiny import tiny_draft, tiny_target
 

@@ -13,7 +13,8 @@ import torch
 
 from conftest import TEST_DEVICE, OracleDecoder, OracleProposer
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.policy import LATTICE, Choice, CyclePlan, CycleRecord, Offer, SpeculationPolicy
+from dflash2.decoding.cycle import LATTICE, Choice, CyclePlan, CycleRecord, Offer
+from dflash2.decoding.policy import SpeculationPolicy
 from dflash2.decoding.proposer import Proposal
 from dflash2.decoding.verifier import TargetAdapter
 from dflash2.model.selector import SecondPath

@@ -8,7 +8,9 @@ import random
 import pytest
 
 from dflash2.decoding.costs import CostModel
-from dflash2.decoding.policy import AcceptanceModel, Choice, CycleRecord, Offer, SpeculationPolicy, expected_tokens
+from dflash2.decoding.acceptance_model import AcceptanceModel, expected_tokens
+from dflash2.decoding.cycle import Choice, CycleRecord, Offer
+from dflash2.decoding.policy import SpeculationPolicy
 
 
 def test_expected_tokens_is_one_plus_the_reach_probabilities():
@@ -464,3 +466,33 @@ def test_a_fallback_ends_the_probe_under_way():
     policy.drafted(1, 0.030)
     policy.choose(1, Offer([True], [[0.0] * 7]), block=8, probe=True)   # nothing worth verifying: fall back
     assert policy.plain_left > 0 and policy.probe_cycles == 0 and policy.probe_lost == 0.0
+
+
+def test_ordinary_cycles_that_lose_fall_back_whatever_the_calibration_expects():
+    """A probe pays (its whole block accepted), then every block is rejected at its first token while
+    the draft's confidence stays high. The calibration, which has just seen a full block accepted at
+    that confidence, keeps expecting a good yield; what the cycles realise decides: each loses its
+    draft pass and wide pass beyond the plain step it commits (50 ms), and once that exceeds
+    `patience` plain steps (180 ms) the draft pass stops -- after four cycles, where the expected
+    rate alone kept it on for more than ten."""
+    policy = SpeculationPolicy("auto", _costs(0.030), budget=0.02)
+    for _ in range(3):                                           # what the draft did before: it paid
+        policy.acceptance.observe([0.95] * 7, True, verified=7, accepted=7)
+    (probe, k, left, _), = _probe_cycles(policy, 0.030, 0.95, 7, 1)
+    assert probe and k == 7 and left == 0                          # the probe paid: speculation goes on
+    ordinary = _probe_cycles(policy, 0.030, 0.95, 0, 4)
+    assert [p for p, *_ in ordinary] == [False] * 4
+    assert [left > 0 for _, _, left, _ in ordinary] == [False, False, False, True]
+    assert policy.debt == 0.0                                       # the fallback settled it
+
+
+def test_a_cycle_that_gains_pays_back_what_earlier_ones_lost():
+    """Rejected blocks alternate with blocks accepted whole: the gains (a 7-token block commits 8
+    tokens in 110 ms against 480 ms of plain steps) pay back each loss, so the draft pass never stops."""
+    policy = SpeculationPolicy("auto", _costs(0.030), budget=0.02)
+    for _ in range(3):
+        policy.acceptance.observe([0.95] * 7, True, verified=7, accepted=7)
+    for n in range(20):
+        cycle, = _probe_cycles(policy, 0.030, 0.95, 7 if n % 3 == 2 else 0, 1)
+        assert cycle[2] == 0
+    assert policy.debt <= 2 * 0.050

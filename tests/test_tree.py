@@ -16,7 +16,8 @@ from conftest import TEST_DEVICE
 from dflash2.decoding.costs import CostModel
 from dflash2.decoding.engine import GenerationConfig
 from dflash2.decoding.lookup import LookupProposer
-from dflash2.decoding.policy import Choice, CyclePlan, Offer, SpeculationPolicy
+from dflash2.decoding.cycle import Choice, CyclePlan, Offer
+from dflash2.decoding.policy import SpeculationPolicy
 from dflash2.decoding.tree_expectation import tree_options
 from dflash2.decoding.proposer import Proposal
 from dflash2.decoding.tree import kept_nodes, pack_tree, tree_greedy_accept, tree_nodes

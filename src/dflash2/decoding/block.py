@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash2.decoding.lookup import Lookup
-from dflash2.decoding.policy import LATTICE, Choice
+from dflash2.decoding.cycle import LATTICE, Choice
 from dflash2.decoding.proposer import Proposal
 from dflash2.decoding.stats import Commit
 from dflash2.decoding.tree import TokenTree, pack_tree, tree_nodes

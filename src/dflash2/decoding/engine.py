@@ -47,7 +47,8 @@ from dflash2.decoding.block import VerifyBlock, assemble
 from dflash2.decoding.calibration import StoredCalibration, calibrate_cached
 from dflash2.decoding.context import check_context, effective_block_size
 from dflash2.decoding.lookup import Lookup, LookupProposer, SuffixStore
-from dflash2.decoding.policy import Choice, CycleRecord, Offer, SpeculationPolicy
+from dflash2.decoding.cycle import Choice, CycleRecord, Offer
+from dflash2.decoding.policy import SpeculationPolicy
 from dflash2.decoding.proposer import DraftProposer, Proposal
 from dflash2.decoding.sampling import RowSampling
 from dflash2.decoding.stats import BatchTiming, Commit, RowStats

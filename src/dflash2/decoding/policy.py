@@ -48,7 +48,9 @@ Contract:
 - Falling back (the draft pass only): at once
   when the best length is 0 or, in a probe, when even the optimistic best rate is below the best
   rate without the draft (lookup alone, or plain decoding) (the draft pass was the only cost: nothing is verified), when the
-  best rate stays below plain decoding's for `patience` cycles, or when a probe, judged with what
+  best rate stays below plain decoding's for `patience` cycles, when what ordinary draft cycles
+  realised lost, summed one-sidedly (a gain pays it back, never below zero), exceeds `patience`
+  plain steps' time (`_settle`: a calibration that lags cannot keep a losing draft on), or when a probe, judged with what
   it measured, did not pay: a probe lasts up to `probe_window` draft cycles while the draft does
   not pay at the posterior mean but may at the optimistic bound, and ends at once when it pays or
   when even the bound says no. A fallback lasts long enough that what the failed speculation lost,
@@ -69,114 +71,16 @@ All numbers are plain Python floats: the policy changes what is verified, never 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
-from dflash2.decoding.acceptance_model import AcceptanceModel, expectations_by_length, expected_tokens
+from dflash2.decoding.acceptance_model import AcceptanceModel, expectations_by_length
 from dflash2.decoding.costs import CostModel
+from dflash2.decoding.cycle import LATTICE, SOURCES, Choice, CyclePlan, CycleRecord, Offer
 from dflash2.decoding.horizon import saved_seconds, step_curve
 from dflash2.decoding.tree_expectation import best_per_width, tree_options
 
 SPECULATE_MODES = ("auto", "always", "never")
-
-
-@dataclass(frozen=True)
-class CyclePlan:
-    draft: bool
-    probe: bool = False
-
-
-SOURCES = ("draft", "lookup")   # the sources a row may verify alone
-LATTICE = "lattice"             # the draft's second path: only ever a tree's second branch
-SAMPLED_DRAFT_CONFIDENCE = 0.5   # what the policy sees of a sampled row's draft tokens (see `Offer.of`)
 DRAFT_SCALE_WEIGHT = 8.0   # the draft's confidence is a trained model's probability: its table-wide calibration
                            # moves only as evidence worth 8 reached tokens says (lookup's heuristic one: 2)
-
-
-@dataclass(frozen=True)
-class Offer:
-    """What the proposers offer one cycle, per row: each source's confidence in its tokens (None:
-    the source did not run this cycle; an empty list: it has nothing for that row)."""
-    greedy: list[bool]
-    draft: list[list[float]] | None = None
-    lookup: list[list[float]] | None = None
-    shared: list[int | None] | None = None   # per row: tokens the draft and lookup proposals share
-                                             # at their start, where both may be verified as a tree
-    remaining: list[int] | None = None       # per row: tokens it may still commit, when the batch is
-                                             # fixed (`decoding.horizon`); None: a batch that refills
-    lattice: list[list[float]] | None = None  # per row: the draft's second path's confidence per token
-    forks: list[int | None] | None = None     # per row: where it leaves the draft's path (None: no tree)
-
-    @classmethod
-    def of(cls, greedy: list[bool], draft: list[list[float]] | None = None,
-           lookup: list[list[float]] | None = None, shared: list[int | None] | None = None,
-           remaining: list[int] | None = None, lattice: list[list[float]] | None = None,
-           forks: list[int | None] | None = None) -> "Offer":
-        """A sampled row's draft tokens were drawn at random: choosing by their confidence would
-        make the choice depend on the draw, which biases the output (the acceptance rule is exact
-        for a proposal chosen independently of it). Those rows offer a constant instead, so the
-        policy learns their mean acceptance. Lookup tokens are not drawn: they are seen as they are.
-        Trees are for greedy rows only (where draft and lookup agree depends on a sampled draw)."""
-        if draft is not None:
-            draft = [c if g else [SAMPLED_DRAFT_CONFIDENCE] * len(c) for c, g in zip(draft, greedy)]
-        if shared is not None:
-            shared = [s if g else None for s, g in zip(shared, greedy)]
-        if forks is not None:
-            forks = [f if g else None for f, g in zip(forks, greedy)]
-        return cls(greedy, draft, lookup, shared, remaining, lattice, forks)
-
-    def sources(self) -> list[tuple[str, list[list[float]]]]:
-        return [(name, c) for name, c in zip(SOURCES, (self.draft, self.lookup)) if c is not None]
-
-    def without_draft(self) -> "Offer":
-        return Offer(self.greedy, None, self.lookup, None, self.remaining)
-
-
-@dataclass(frozen=True)
-class Choice:
-    """What one cycle verifies: room for k drafts a row (the pass runs k + 1 tokens a row), each
-    row's source ("draft", "lookup", "tree" for a tree; "" for none) and number of tokens
-    verified (<= k; a tree's nodes below the anchor), the expected tokens this commits summed over
-    the rows, and the rate (tokens per second) that gives. `branches`: per row the lengths of its
-    tree's draft branch and second branch ((0, 0) for rows without one; empty when no row has
-    one), `seconds`: per row the second branch's source ("lookup" or `LATTICE`; "" without a tree)."""
-    k: int
-    expected: float
-    rate: float
-    sources: tuple[str, ...] = ()
-    lengths: tuple[int, ...] = ()
-    branches: tuple[tuple[int, int], ...] = ()
-    seconds: tuple[str, ...] = ()
-
-    @property
-    def has_tree(self) -> bool:
-        return "tree" in self.sources
-
-    def second_source(self, r: int) -> str:
-        """Row r's tree's second branch: "lookup" or `LATTICE` (lookup when `seconds` is not given)."""
-        return self.seconds[r] if self.seconds else "lookup"
-
-
-@dataclass
-class CycleRecord:
-    """What one cycle did, as the policy learns from it: the offer and the choice, whether the draft
-    pass ran (and was a probe), per row the drafts verified and accepted, the pass's width (tokens
-    a row through the target) and the cycle's times (draft pass, target pass, the rest)."""
-    b: int
-    offer: Offer
-    choice: Choice
-    drafted: bool
-    probe: bool
-    verified: list[int]
-    accepted: list[int]
-    width: int
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    host_seconds: float = 0.0
-    branch_accepted: dict[int, tuple[int, int]] = field(default_factory=dict)  # tree row -> (draft, lookup) accepted
-
-    @property
-    def seconds(self) -> float:
-        return self.draft_seconds + self.verify_seconds + self.host_seconds
 
 
 class SpeculationPolicy:
@@ -197,6 +101,7 @@ class SpeculationPolicy:
         self.plain_left = 0      # cycles left in the current fallback (no draft pass)
         self.probing = True      # the next draft pass is a probe (the first one, or after a fallback)
         self.probe_cycles, self.probe_lost = 0, 0.0   # the probe under way: its draft cycles, what they lost
+        self.debt = 0.0          # what ordinary draft cycles lost, realised, against plain steps (`_settle`)
         self.outlook: tuple[float, float] | None = None   # the draft's usual (k, expected tokens a row)
         self.lookup_wait = 0     # lookup cycles before the next lookup probe may run (`_lookup_choice`)
         self.lookup_backoff = min_backoff
@@ -442,7 +347,7 @@ class SpeculationPolicy:
         self.plain_left = self._fallback_length(b, lost_seconds, self.backoff)
         if escalate:
             self.backoff = min(2 * self.plain_left, self.max_backoff)
-        self.losing = 0
+        self.losing, self.debt = 0, 0.0
         self.probe_cycles, self.probe_lost = 0, 0.0   # a probe cut short by this fallback ends with it
 
     # ------------------------------------------------------------------ feedback
@@ -466,8 +371,24 @@ class SpeculationPolicy:
                     self.lookup_acceptance.observe(offer.lookup[r], True, n_second, second_accepted)
             elif source and verified:
                 self._table(source).observe(offered[source][r], offer.greedy[r], verified, accepted)
-        if record.probe and record.drafted and self.mode == "auto" and self.plain_left == 0:
-            self._judge_probe(record)
+        if record.drafted and self.mode == "auto" and self.plain_left == 0:
+            if record.probe:
+                self._judge_probe(record)
+            else:
+                self._settle(record)
+
+    def _settle(self, record: CycleRecord) -> None:
+        """An ordinary draft cycle, judged by what it committed: the expected rate comes from a
+        calibration that can lag what the draft now does (a probe that paid, then blocks rejected at
+        the first token while the posterior mean still predicts two tokens a cycle). `debt`, a
+        one-sided cumulative sum of each cycle's realised loss against plain steps committing as many
+        tokens (a gain pays it back, never below zero), falls back once it exceeds `patience` plain
+        steps: whatever the calibration says, a run of cycles that commit less than plain decoding
+        would costs at most about that before the draft pass stops."""
+        b = record.b
+        self.debt = max(0.0, self.debt + self._lost(b, record.seconds, sum(record.accepted) + b))
+        if self.debt > self.patience * self.plain_step_seconds(b):
+            self._fall_back(b, self.debt)
 
     def _judge_probe(self, record: CycleRecord) -> None:
         """A probe cycle, judged with what it measured (the posterior mean): the draft pays -- the probe

@@ -298,7 +298,7 @@ def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
                 "seed": model.seed, "peers": sorted(bench.peers), "baseline": ar is not None,
                 "dataset_file": list(bench.dataset_files) or None, "machine": machine_identity()}
     weights = weights_digest(pipe.decoder.target.model, pipe.decoder.draft)
-    store = PartStore(out, run_fingerprint(settings, weights, Path(__file__).resolve().parent), bench.resume)
+    store = PartStore(out, run_fingerprint(settings, weights), bench.resume)
     print(f"# bench: draft {pipe.draft_description}; block {block}; concurrency {concurrency}", file=sys.stderr)
     warm = first_prompt(pipe, conversations)
     for decoder in (ar, pipe.decoder):  # untimed warm-up: first-call overheads hit neither side's figures

@@ -8,7 +8,8 @@ Contract:
 - `run_fingerprint(settings, model_weights, code_dir)` -> a sha256 hex of everything a part's
   numbers depend on: the bench settings (datasets, prompts, tokens, sampling, batch sizes, device,
   dtype, seed, peers), the target's and draft's weights (tensor bytes, `weights_digest`), and the
-  source of the dflash2 package (`code_digest`: every .py file under `code_dir`).
+  source of the dflash2 package (`code_digest`: every .py file under `code_dir`, by default the
+  whole package -- the decoding loop and policy decide the numbers as much as the bench does).
 - `PartStore(out_dir, fingerprint, resume)`: `save(unit, payload)` writes
   `<out_dir>/parts/<unit>.json` atomically, tagged with the fingerprint and the time; `load(unit)`
   returns the payload only when resuming and the saved fingerprint is identical, else None (a part
@@ -49,7 +50,10 @@ def code_digest(code_dir: str | Path) -> str:
     return digest.hexdigest()
 
 
-def run_fingerprint(settings: dict, model_weights: str, code_dir: str | Path) -> str:
+PACKAGE_DIR = Path(__file__).resolve().parents[1]   # src/dflash2
+
+
+def run_fingerprint(settings: dict, model_weights: str, code_dir: str | Path = PACKAGE_DIR) -> str:
     text = json.dumps({"settings": settings, "weights": model_weights, "code": code_digest(code_dir)},
                       sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
