@@ -496,3 +496,56 @@ def test_a_cycle_that_gains_pays_back_what_earlier_ones_lost():
         cycle, = _probe_cycles(policy, 0.030, 0.95, 7 if n % 3 == 2 else 0, 1)
         assert cycle[2] == 0
     assert policy.debt <= 2 * 0.050
+
+
+def test_a_probe_that_gains_against_plain_steps_ends_whatever_the_calibration_expects():
+    """The calibration has seen a block rejected at this confidence; the probe's block then commits 3
+    tokens in 140 ms (draft pass 60, pass 80) against 180 ms of plain steps: it gained, though the
+    posterior mean, one block later, still says the draft does not pay. What it realised decides:
+    the probe ends and speculation goes on (the old rule probed a second block, then fell back for
+    it), and the ordinary cycles that gain as much keep it on."""
+    policy = SpeculationPolicy("auto", _costs(0.060), budget=0.02)
+    policy.acceptance.observe([0.5] * 7, True, verified=7, accepted=0)
+    cycles = _probe_cycles(policy, 0.060, 0.5, 2, 3)
+    assert [probe for probe, *_ in cycles] == [True, False, False]
+    assert [left for _, _, left, _ in cycles] == [0, 0, 0] and policy.debt == 0.0
+
+
+def _lagging_row_cycles(fixed: bool, cycles: int) -> list[int]:
+    """Ordinary draft cycles of 8 rows on a machine whose plain step costs about the same for 1 row
+    as for 8 (68 / 70 ms; a draft cycle 150 ms): seven rows accept every draft, one rejects every
+    block -> per cycle the fallback started (0: none). `fixed`: a fixed batch (`Offer.remaining`)."""
+    costs = CostModel()
+    for b, q, s in ((1, 1, 0.068), (8, 1, 0.070), (8, 8, 0.120)):
+        costs.observe_verify(b, q, s)
+    costs.observe_draft(8, 0.030)
+    policy = SpeculationPolicy("auto", costs, budget=0.02)
+    for _ in range(3):
+        policy.acceptance.observe([0.95] * 7, True, verified=7, accepted=7)
+    policy.probing = False                                       # a probe has paid
+    remaining, out = [200] * 8, []
+    while len(out) < cycles:
+        plan = policy.plan(8)
+        if not plan.draft:
+            continue
+        policy.drafted(8, 0.030)
+        offer = Offer([True] * 8, [[0.95] * 7] * 8, remaining=list(remaining) if fixed else None)
+        choice = policy.choose(8, offer, block=8)
+        accepted = [0] + [choice.k] * 7
+        policy.observe(CycleRecord(8, offer, choice, True, False, list(choice.lengths), accepted, choice.k + 1,
+                                   0.030, 0.120))
+        remaining = [r - a - 1 for r, a in zip(remaining, accepted)]
+        out.append(policy.plain_left)
+    return out
+
+
+def test_a_fixed_batch_judges_what_its_cycles_realised_by_when_its_last_row_ends():
+    """Seven rows of a fixed batch race ahead, one is rejected every block: 57 tokens a cycle (0.5 s
+    of plain steps by the token count), but the batch ends when its lagging row does, and that row
+    gained one token per 150 ms -- each cycle saves 84 ms of the batch's plain decoding (eight
+    70-ms steps become one at 70 ms and seven one-row steps at 68 ms later) and loses 66 ms: the
+    draft pass stops once that passes three plain steps. A batch that refills (the server's:
+    tokens per second) keeps the draft on: there the 57 tokens are what counts."""
+    fixed = _lagging_row_cycles(True, 6)
+    assert fixed[:3] == [0, 0, 0] and fixed[3] > 0
+    assert _lagging_row_cycles(False, 10) == [0] * 10

@@ -49,9 +49,11 @@ Contract:
   when the best length is 0 or, in a probe, when even the optimistic best rate is below the best
   rate without the draft (lookup alone, or plain decoding) (the draft pass was the only cost: nothing is verified), when the
   best rate stays below plain decoding's for `patience` cycles, when what ordinary draft cycles
-  realised lost, summed one-sidedly (a gain pays it back, never below zero), exceeds `patience`
-  plain steps' time (`_settle`: a calibration that lags cannot keep a losing draft on), or when a probe, judged with what
-  it measured, did not pay: a probe lasts up to `probe_window` draft cycles while the draft does
+  realised lost (`_realised_loss`: a cycle's time beyond the plain decoding time it saved, by the
+  objective the choice is made by), summed one-sidedly (a gain pays it back, never below zero),
+  exceeds `patience` plain steps' time (`_settle`: a calibration that lags cannot keep a losing
+  draft on), or when a probe, judged with what it measured, did not pay (neither at the posterior
+  mean nor realised): a probe lasts up to `probe_window` draft cycles while the draft does
   not pay at the posterior mean but may at the optimistic bound, and ends at once when it pays or
   when even the bound says no. A fallback lasts long enough that what the failed speculation lost,
   the cycle's time beyond that of plain steps committing its expected tokens, is at most
@@ -101,7 +103,7 @@ class SpeculationPolicy:
         self.plain_left = 0      # cycles left in the current fallback (no draft pass)
         self.probing = True      # the next draft pass is a probe (the first one, or after a fallback)
         self.probe_cycles, self.probe_lost = 0, 0.0   # the probe under way: its draft cycles, what they lost
-        self.debt = 0.0          # what ordinary draft cycles lost, realised, against plain steps (`_settle`)
+        self.debt = 0.0          # what ordinary draft cycles lost, realised, against plain decoding (`_settle`)
         self.outlook: tuple[float, float] | None = None   # the draft's usual (k, expected tokens a row)
         self.lookup_wait = 0     # lookup cycles before the next lookup probe may run (`_lookup_choice`)
         self.lookup_backoff = min_backoff
@@ -244,6 +246,18 @@ class SpeculationPolicy:
         """What a speculative cycle of `seconds` committing `tokens` lost against plain steps."""
         return seconds - tokens / b * self.plain_step_seconds(b)
 
+    def _realised_loss(self, record: CycleRecord) -> float:
+        """What a cycle lost against plain decoding, by what it committed: its time beyond that of the
+        plain decoding it saved -- plain steps committing as many tokens, or, for a fixed batch
+        (`Offer.remaining`), the plain decoding time until its last row ends (`horizon.saved_seconds`:
+        the objective `rate` chooses by; rows carried far ahead while others lag save little when a
+        plain step costs about the same for fewer rows)."""
+        b, remaining = record.b, record.offer.remaining
+        committed = [accepted + 1 for accepted in record.accepted]
+        if remaining is None:
+            return self._lost(b, record.seconds, sum(committed))
+        return record.seconds - saved_seconds(remaining, committed, step_curve(b, self.plain_step_seconds))
+
     def worth_drafting(self, b: int, offer: Offer, block: int) -> bool:
         """Before the draft pass, with the lookup offer in hand: whether the draft, at what it usually
         gives, is expected to add more than its pass costs; before it has a yield, whether lookup
@@ -381,29 +395,32 @@ class SpeculationPolicy:
         """An ordinary draft cycle, judged by what it committed: the expected rate comes from a
         calibration that can lag what the draft now does (a probe that paid, then blocks rejected at
         the first token while the posterior mean still predicts two tokens a cycle). `debt`, a
-        one-sided cumulative sum of each cycle's realised loss against plain steps committing as many
-        tokens (a gain pays it back, never below zero), falls back once it exceeds `patience` plain
+        one-sided cumulative sum of each cycle's realised loss (`_realised_loss`; a gain pays it back,
+        never below zero), falls back once it exceeds `patience` plain
         steps: whatever the calibration says, a run of cycles that commit less than plain decoding
         would costs at most about that before the draft pass stops."""
         b = record.b
-        self.debt = max(0.0, self.debt + self._lost(b, record.seconds, sum(record.accepted) + b))
+        self.debt = max(0.0, self.debt + self._realised_loss(record))
         if self.debt > self.patience * self.plain_step_seconds(b):
             self._fall_back(b, self.debt)
 
     def _judge_probe(self, record: CycleRecord) -> None:
-        """A probe cycle, judged with what it measured (the posterior mean): the draft pays -- the probe
-        ends, speculation goes on; it does not -- the probe goes on for up to `probe_window` draft
-        cycles while the optimistic bound still says it may pay (one block is weak evidence), then
-        falls back for what the whole probe lost. The next fallback grows only once even the bound
-        says the draft does not pay (see `_fall_back`)."""
+        """A probe cycle, judged with what it measured: the draft pays -- at the posterior mean, or
+        realised (the probe's cycles so far took less time than the plain decoding they saved,
+        `_realised_loss`: a calibration that lags the draft cannot switch off a draft that gains, as
+        `_settle` bounds what it can keep on) -- the probe ends, speculation goes on; it does not -- the probe goes
+        on for up to `probe_window` draft cycles while the optimistic bound still says it may pay
+        (one block is weak evidence), then falls back for what the whole probe lost. The next
+        fallback grows only once even the bound says the draft does not pay (see `_fall_back`)."""
         b, offer = record.b, record.offer
         self.probe_cycles += 1
-        self.probe_lost += self._lost(b, record.seconds, sum(record.accepted) + b)
+        self.probe_lost += self._realised_loss(record)
         expectations = self._expectations(offer)
         drafts, remaining = len(offer.draft[0]), offer.remaining
         without = self._best(b, {n: e for n, e in expectations.items() if n != "draft"}, drafts, False,
                              remaining=remaining)
-        if self._pays(self._best(b, expectations, drafts, True, remaining=remaining).rate, without.rate):
+        gained = self.probe_lost < 0.0         # realised: its cycles took less than the plain decoding they saved
+        if gained or self._pays(self._best(b, expectations, drafts, True, remaining=remaining).rate, without.rate):
             self.probing, self.losing, self.backoff = False, 0, self.min_backoff
         else:
             bound = self._best(b, self._expectations(offer, self.optimism), drafts, True, remaining=remaining)
