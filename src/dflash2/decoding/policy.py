@@ -29,14 +29,15 @@ Contract:
   cannot rule speculation out without it being measured). Plain decoding's rate is
   b / (t_verify(b, 1) + t_host). A fixed batch (`Offer.remaining`: each row's room, batches of
   `generate`, no queue to refill them) is rated instead by the plain decoding time a cycle saves
-  per second (`rate`, `decoding.horizon`): what ends its last row soonest. Rows of one pass may verify different sources and lengths: each
-  row's block is its own. A third option per row, when the offer says where the draft's and
-  lookup's tokens stop agreeing (`Offer.shared`: greedy rows of a target that can verify trees),
-  is both as a tree (`tree_options`: the shared prefix once, then both branches; at most one of
-  the two diverging tokens can be accepted): its expected tokens against its width, the nodes
-  it adds to the pass, priced by the same per-token verify cost (k may then exceed block - 1). `choose_length(b, confidence, greedy, block, probe)` is `choose` for
-  the draft alone. A sampled row's draft confidence is never seen (`Offer.of`): a choice that
-  depends on a random draw biases the output.
+  per second (`rate`, `decoding.horizon`): what ends its last row soonest. Rows of one pass may
+  verify different sources and lengths: each row's block is its own. A third option per row, when
+  the offer says where the draft's and lookup's tokens stop agreeing (`Offer.shared`: greedy rows
+  of a target that can verify trees), is both as a tree (`tree_options`: the shared prefix once,
+  then both branches; at most one of the two diverging tokens can be accepted): its expected
+  tokens against its width, the nodes it adds to the pass, priced by the same per-token verify
+  cost (k may then exceed block - 1). `choose_length(b, confidence, greedy, block, probe)` is
+  `choose` for the draft alone. A sampled row's draft confidence is never seen (`Offer.of`): a
+  choice that depends on a random draw biases the output.
 - `worth_drafting(b, offer, block)`: with the lookup offer in hand, before the draft pass, whether
   the draft at its usual yield (a moving average of its k and expected tokens a row) beats the
   lookup alone, pass included; before the draft has a yield, only when lookup leaves some row
@@ -376,7 +377,8 @@ class SpeculationPolicy:
             if source == "tree":                 # each branch calibrates its own source
                 (n_draft, n_second), (draft_accepted, second_accepted) = choice.branches[r], record.branch_accepted[r]
                 self.acceptance.observe(offer.draft[r], True, n_draft, draft_accepted)
-                if choice.second_source(r) == LATTICE:  # its own tokens start at the fork, reached when the draft's before it were accepted
+                # the lattice branch's own tokens start at the fork, reached when the draft's before it were accepted
+                if choice.second_source(r) == LATTICE:
                     fork = offer.forks[r]
                     if second_accepted >= fork:
                         self.lattice_acceptance.observe(offer.lattice[r][fork:], True, n_second - fork,
