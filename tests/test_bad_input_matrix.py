@@ -259,8 +259,9 @@ CASES = {
         Case(("bench", "--top-p", "2"), "top_p"),
         Case(("bench", "--datasets", "nosuch"), "'nosuch'"),
         Case(("bench", "--peers", "nosuch"), "'nosuch'"),
+        Case(("bench", "--proposer", "draft,nosuch"), "'nosuch'"),
         Case(("bench", "--tiny", "--datasets", "gsm8k", "--num-prompts", "1", "--output", "out"), "interrupted", 130,
-             _interrupt("dflash2.eval.bench:run_pair"), loads=True, chatter="#"),
+             _interrupt("dflash2.eval.bench:run_sides"), loads=True, chatter="#"),
     ],
     "analyze": [
         *_eval_cases("analyze"),

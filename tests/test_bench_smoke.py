@@ -120,7 +120,7 @@ def test_bench_repeats_pair_every_batch_and_report_the_median_ratio(tmp_path):
     entry = results["overall"]["by_concurrency"]["2"]
     assert entry["compared"] == 12 and entry["mismatches"] == 0 and entry["sequences"] == 12
     saved = json.loads(next((out / "parts").glob("dataset-*.json")).read_text())["payload"]
-    ar, spec = saved["runs"]["2"]["ar"][0], saved["runs"]["2"]["spec"][0]
+    ar, spec = saved["ar"]["2"][0], saved["spec"]["draft"]["2"][0]
     assert len(ar["batch_seconds"]) == len(spec["batch_seconds"]) == 6
     ratios = sorted(((a - ta["prefill_seconds"]) / na) / ((s - ts["prefill_seconds"]) / ns)
                     for a, s, ta, ts, na, ns in zip(ar["batch_seconds"], spec["batch_seconds"], ar["batches"],

@@ -128,8 +128,9 @@ class ModelSettings:
         return "tiny random llama" if self.tiny else self.target
 
 
-def add_model_arguments(parser) -> None:
-    """Options shared by bench and analyze: which target, draft, device and dtype."""
+def add_model_arguments(parser, several_proposers: bool = False) -> None:
+    """Options shared by bench and analyze: which target, draft, device and dtype. With
+    `several_proposers`, `--proposer` takes a comma list (the command checks it)."""
     parser.add_argument("--target", default="smollm2", help="built-in name (smollm2, gemma3), local HF dir or hub id")
     parser.add_argument("--draft", default=None, help="draft checkpoint directory (default: the shipped one, "
                                                       "else an untrained draft)")
@@ -141,9 +142,15 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--speculate", default="auto", choices=("auto", "always", "never"),
                         help="auto (default): adaptive draft length and fallback to plain decoding when drafting "
                              "does not pay; always: the whole block every cycle")
-    parser.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid"),
-                        help="where proposed tokens come from (default: hybrid, the draft and lookup proposals, or "
-                             "lookup for a target with no trained draft); lookup loads no draft")
+    if several_proposers:
+        parser.add_argument("--proposer", default=None,
+                            help="where proposed tokens come from: draft, lookup or hybrid, or a comma list of them, "
+                                 "each measured side by side against one autoregressive baseline (default: hybrid, "
+                                 "or lookup for a target with no trained draft)")
+    else:
+        parser.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid"),
+                            help="where proposed tokens come from (default: hybrid, the draft and lookup proposals, "
+                                 "or lookup for a target with no trained draft); lookup loads no draft")
     parser.add_argument("--lattice", action="store_true",
                         help="let greedy rows verify the second path of the draft's candidate lattice beside its "
                              "path as a token tree, where the cost model says it pays (off by default: it did "

@@ -14,7 +14,8 @@ Contract:
   NaN / inf), the target's config and tokenizer, and whether the draft was made for this target
   ("this draft was made for a target with hidden size H, vocab V, L layers (e.g. the built-in X)").
   `plan.check_prompt(ids, config)` applies the engine's context rule with the plan's block size;
-  `plan.load()` loads the target's weights and returns the `Pipeline`.
+  `plan.load()` loads the target's weights and returns the `Pipeline`. `Pipeline.decoder_for(p)`:
+  a decoder of the same target and draft proposing from `p` (proposers measured side by side).
 - `proposer` (engine `PROPOSERS`): `lookup` loads no draft (prompt / n-gram lookup alone, with or
   without `--no-draft`); `draft` and `hybrid` use the draft; None: `DEFAULT_PROPOSER` with a
   trained draft (the user's or the shipped one), `lookup` for a target no trained draft ships for
@@ -120,6 +121,21 @@ class Pipeline:
     stop_token_ids: tuple[int, ...]
     draft_description: str
     trained_draft: bool
+
+    def decoder_for(self, proposer: str) -> SpeculativeDecoder:
+        """A decoder of the same target (and draft) whose tokens come from `proposer`, for measuring
+        proposers side by side: `self.decoder` when it is that one; lookup over the target alone
+        (as `--proposer lookup` loads it); draft / hybrid need the draft this pipeline loaded."""
+        own = self.decoder
+        require(proposer in PROPOSERS, f"proposer must be one of {', '.join(PROPOSERS)}, got '{proposer}'")
+        if proposer == own.proposer:
+            return own
+        if proposer == "lookup":
+            return SpeculativeDecoder(TargetAdapter(own.target.model), speculate=own.speculate, proposer="lookup")
+        require(own.draft is not None, f"proposer '{proposer}' needs a draft, and this pipeline loaded none "
+                                       f"(its proposer is '{own.proposer}')")
+        return SpeculativeDecoder(own.target, own.draft, speculate=own.speculate, proposer=proposer,
+                                  lattice=own.lattice)
 
 
 def check_draft_fits(draft: DFlash2Config, target: TargetFiles, where: str) -> None:

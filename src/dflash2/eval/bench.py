@@ -2,9 +2,13 @@
 
 Contract: `main(argv)` (and `run_bench(pipe, settings: BenchSettings)` for a pre-built `Pipeline`;
 `parse_args(argv)` builds the settings, other code such as the ablation builds them directly) decodes every
-prompt of each dataset twice with the SAME engine and batch size: speculatively (target + draft)
-and autoregressively (`SpeculativeDecoder(target)`, no draft), batch by batch, interleaved, in
-batches of each `--concurrency` value. Datasets: shipped benchmarks (`--datasets`) and/or JSONL
+prompt of each dataset with the SAME engine and batch size: speculatively (target + draft) and
+autoregressively (`SpeculativeDecoder(target)`, no draft), batch by batch, interleaved, in
+batches of each `--concurrency` value. `--proposer draft,lookup,hybrid` measures several proposers
+side by side in one run: each its own decoder over the same target and draft
+(`Pipeline.decoder_for`), all decoded in turn batch by batch beside ONE autoregressive baseline
+(which decoder goes first rotates); `results["proposers"]` holds each one's report, and the
+top-level `datasets` / `overall` are the first one's. Datasets: shipped benchmarks (`--datasets`) and/or JSONL
 files (`--dataset-file`, repeatable, each its own dataset reported under its stem; checked before
 anything loads). Multi-turn conversations (MT-Bench) send turn
 k+1 after the target's OWN answer to turn k (the autoregressive answer at the first concurrency).
@@ -19,7 +23,8 @@ Per dataset and overall, at every concurrency, it reports:
 - at T=0, `mismatches`: sequences whose speculative output differs from the autoregressive one
   (0 expected in float32); None when sampling.
 Runs are typed (`eval.bench_runs`): a `Side` is one decoder's runs at one batch size, a `PairRuns`
-both decoders' sides turn by turn, a `DatasetRun` a dataset's pairs at every concurrency.
+one proposer's and the baseline's sides turn by turn, a `DatasetRun` a dataset's pairs at every
+concurrency for every proposer.
 `--repeats N` decodes the prompt list N times (which decoder goes first alternating batch by
 batch) for `speedup_median`, the median of paired batch ratios. Every finished dataset and peer group is saved
 under OUTPUT/parts (`eval.parts`); `--resume`
@@ -42,7 +47,7 @@ from tqdm import tqdm
 
 from dflash2.argparsing import ModelSettings, OneLineParser, add_model_arguments, parse_list
 from dflash2.data.prompts import BENCHMARKS, load_conversations
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.engine import PROPOSERS, GenerationConfig, SpeculativeDecoder
 from dflash2.errors import DFlash2Error, require
 from dflash2.eval import engine_peers
 from dflash2.eval import peers as peer_runs
@@ -77,6 +82,7 @@ class BenchSettings:
     output: str = "runs/bench"
     peers: frozenset[str] = frozenset()
     peers_python: str | None = None
+    proposers: tuple[str, ...] = ()  # measured side by side, in this order; empty: the pipeline's own
 
     def generation(self, stop_token_ids=()) -> GenerationConfig:
         return GenerationConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
@@ -98,7 +104,7 @@ class BenchSettings:
 def parse_args(argv) -> BenchSettings:
     p = OneLineParser(prog="dflash2 bench", description="Acceptance length, speedup and losslessness of "
                                 "speculative decoding vs this engine's autoregressive baseline, and vs peers.")
-    add_model_arguments(p)
+    add_model_arguments(p, several_proposers=True)
     p.add_argument("--datasets", default=None, help=f"comma list of {', '.join(BENCHMARKS)} (default: all, or none "
                                                     "when --dataset-file is given)")
     p.add_argument("--dataset-file", action="append", default=None,
@@ -121,6 +127,8 @@ def parse_args(argv) -> BenchSettings:
                         "mlx-dflash")
     p.add_argument("--peers-python", default=None, help="python of the peers venv (default .venv-peers/bin/python)")
     args = p.parse_args(argv)
+    proposers = parse_proposers(args.proposer)
+    args.proposer = loading_proposer(proposers)
     items = parse_list(args.concurrency, "--concurrency")
     require(all(c.isdigit() and int(c) > 0 for c in items), f"--concurrency must be positive integers, got '{args.concurrency}'")
     if args.datasets is None:
@@ -132,35 +140,55 @@ def parse_args(argv) -> BenchSettings:
     return BenchSettings(ModelSettings.from_args(args), tuple(datasets), tuple(args.dataset_file or ()),
                          args.num_prompts, args.max_new_tokens, args.temperature, args.top_p, args.top_k,
                          not args.no_baseline, args.resume, tuple(int(c) for c in items), args.repeats, args.output,
-                         frozenset(peers), args.peers_python).validate()
+                         frozenset(peers), args.peers_python, proposers).validate()
 
 
-def run_pair(ar: SpeculativeDecoder | None, spec: SpeculativeDecoder, prompts, batch: int, config,
-             desc: str, repeats: int = 1) -> tuple[Side, Side]:
-    """Decode `prompts` in batches with both decoders, batch by batch, the decoders in turn (which goes
-    first alternates from batch to batch), so load drift and whatever the first of a pair pays for
-    the second hit both alike; the whole list `repeats` times (a side's first len(prompts) outputs are
-    the first pass, in prompt order) -> (autoregressive side, speculative side); the first stays
-    empty when `ar` is None (no baseline)."""
-    ar_side, spec_side = Side(), Side()
+def parse_proposers(text: str | None) -> tuple[str, ...]:
+    """`--proposer` of bench: one proposer or a comma list, each once."""
+    if text is None:
+        return ()
+    names = parse_list(text, "--proposer")
+    for name in names:
+        require(name in PROPOSERS, f"--proposer: unknown proposer '{name}' (choose from {', '.join(PROPOSERS)})")
+    require(len(set(names)) == len(names), f"--proposer names a proposer twice: '{text}'")
+    return tuple(names)
+
+
+def loading_proposer(proposers: tuple[str, ...]) -> str | None:
+    """The proposer the pipeline loads for: the first that needs the draft (the others are built
+    over the same target and draft), else lookup; None: the pipeline's default."""
+    if not proposers:
+        return None
+    return next((p for p in proposers if p != "lookup"), "lookup")
+
+
+def run_sides(ar: SpeculativeDecoder | None, decoders: dict[str, SpeculativeDecoder], prompts, batch: int,
+              config, desc: str, repeats: int = 1) -> tuple[Side, dict[str, Side]]:
+    """Decode `prompts` in batches with the autoregressive decoder and every proposer's, batch by batch,
+    the decoders in turn (which goes first rotates from batch to batch), so load drift and whatever
+    the first of a round pays for hit all alike; the whole list `repeats` times (a side's first
+    len(prompts) outputs are the first pass, in prompt order) -> (autoregressive side, {proposer:
+    side}); the first stays empty when `ar` is None (no baseline)."""
+    ar_side, sides = Side(), {name: Side() for name in decoders}
+    lineup = ([(ar, ar_side)] if ar is not None else []) + [(decoders[name], sides[name]) for name in decoders]
     chunks = [prompts[start:start + batch] for _ in range(repeats) for start in range(0, len(prompts), batch)]
     for index, chunk in enumerate(tqdm(chunks, desc=desc, unit="batch", leave=False)):
-        order = ((ar, ar_side), (spec, spec_side))
-        for decoder, side in order if index % 2 == 0 else order[::-1]:
-            if decoder is None:
-                continue
+        turn = index % len(lineup)
+        for decoder, side in lineup[turn:] + lineup[:turn]:
             clock = time.perf_counter()
             results = decoder.generate(chunk, config)
             side.add(results, time.perf_counter() - clock)
-    return ar_side, spec_side
+    return ar_side, sides
 
 
-def bench_dataset(pipe: Pipeline, ar: SpeculativeDecoder | None, name: str, conversations, config,
-                  concurrency: tuple[int, ...], repeats: int = 1) -> DatasetRun:
-    """Every turn of every conversation at every concurrency (turn k+1 follows the answer to turn k)."""
-    runs = {c: PairRuns() for c in concurrency}
+def bench_dataset(pipe: Pipeline, ar: SpeculativeDecoder | None, decoders: dict[str, SpeculativeDecoder], name: str,
+                  conversations, config, concurrency: tuple[int, ...], repeats: int = 1) -> DatasetRun:
+    """Every turn of every conversation at every concurrency with every proposer (turn k+1 follows the
+    answer to turn k: the autoregressive one, or the first proposer's without a baseline)."""
+    ar_runs = {c: [] for c in concurrency}
+    runs = {p: {c: PairRuns(ar_runs[c]) for c in concurrency} for p in decoders}
     histories: list[list[dict]] = [[] for _ in conversations]
-    all_prompts, first_outputs, first_cycles = [], [], []
+    all_prompts, first_outputs, first_cycles = [], [], {p: [] for p in decoders}
     for turn in range(max(len(c.turns) for c in conversations)):
         active = [i for i, conv in enumerate(conversations) if turn < len(conv.turns)]
         prompts = []
@@ -168,16 +196,18 @@ def bench_dataset(pipe: Pipeline, ar: SpeculativeDecoder | None, name: str, conv
             histories[i].append({"role": "user", "content": conversations[i].turns[turn]})
             prompts.append(encode_messages(pipe.tokenizer, histories[i]))
         for c in concurrency:
-            ar_side, spec_side = run_pair(ar, pipe.decoder, prompts, c, config, f"{name} turn {turn + 1} c={c}", repeats)
-            runs[c].ar.append(ar_side)
-            runs[c].spec.append(spec_side)
-        first = runs[concurrency[0]]
-        answers = (first.ar if ar is not None else first.spec)[-1].outputs[:len(prompts)]
+            ar_side, sides = run_sides(ar, decoders, prompts, c, config, f"{name} turn {turn + 1} c={c}", repeats)
+            ar_runs[c].append(ar_side)
+            for p, side in sides.items():
+                runs[p][c].spec.append(side)
+        c0, lead = concurrency[0], next(iter(decoders))
+        answers = (ar_runs[c0] if ar is not None else runs[lead][c0].spec)[-1].outputs[:len(prompts)]
         for i, answer in zip(active, answers):  # the next turn continues with the target's own answer
             histories[i].append({"role": "assistant", "content": pipe.tokenizer.decode(answer, skip_special_tokens=True)})
         all_prompts += prompts
         first_outputs += answers
-        first_cycles += [st.committed_per_cycle for st in first.spec[-1].stats[:len(prompts)]]
+        for p in decoders:
+            first_cycles[p] += [st.committed_per_cycle for st in runs[p][c0].spec[-1].stats[:len(prompts)]]
     return DatasetRun(runs, all_prompts, first_outputs, first_cycles)
 
 
@@ -249,13 +279,13 @@ def run_peers(pipe: Pipeline, settings: BenchSettings, config, prompts, ar_outpu
     return reports
 
 
-def dataset_run(store: PartStore, pipe: Pipeline, ar, name: str, convs, config, concurrency,
+def dataset_run(store: PartStore, pipe: Pipeline, ar, decoders, name: str, convs, config, concurrency,
                 repeats: int = 1) -> DatasetRun:
     """`bench_dataset`, or its saved part when resuming."""
     part = store.load(f"dataset-{name}")
     if part is not None:
         return DatasetRun.from_dict(part)
-    run = bench_dataset(pipe, ar, name, convs, config, concurrency, repeats)
+    run = bench_dataset(pipe, ar, decoders, name, convs, config, concurrency, repeats)
     store.save(f"dataset-{name}", run.to_dict())
     return run
 
@@ -276,6 +306,30 @@ def load_bench_conversations(settings: BenchSettings) -> dict:
     return load_conversations(list(settings.datasets), settings.num_prompts, list(settings.dataset_files) or None)
 
 
+def bench_decoders(pipe: Pipeline, proposers: tuple[str, ...]) -> dict[str, SpeculativeDecoder]:
+    """The speculative decoder of each proposer to measure, in the order given (none given: the
+    pipeline's own), all over the pipeline's target and draft."""
+    if not proposers:
+        return {pipe.decoder.proposer: pipe.decoder}
+    return {p: pipe.decoder_for(p) for p in proposers}
+
+
+def report_runs(runs: dict[str, DatasetRun], conversations: dict, proposer: str, concurrency, block: int,
+                greedy: bool) -> tuple[dict, dict]:
+    """One proposer's per-dataset entries and its overall entry (cycles pooled over every dataset)."""
+    datasets, pooled = {}, {c: PairRuns() for c in concurrency}
+    for name, run in runs.items():
+        per_c = {}
+        for c in concurrency:
+            per_c[str(c)] = entry(run.runs[proposer][c], block, greedy)
+            pooled[c].extend(run.runs[proposer][c])
+        datasets[name] = dict(per_c[str(concurrency[0])], num_prompts=len(conversations[name]), by_concurrency=per_c)
+    overall_c = {str(c): entry(pooled[c], block, greedy) for c in concurrency}
+    overall = dict(overall_c[str(concurrency[0])], by_concurrency=overall_c,
+                   mean_over_datasets=sum(d["acceptance_length"] or 0 for d in datasets.values()) / len(datasets))
+    return datasets, overall
+
+
 def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
     out = Path(bench.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -286,12 +340,14 @@ def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
     config.validate()
     greedy = config.temperature <= 0
     ar = SpeculativeDecoder(pipe.decoder.target) if bench.baseline else None
-    block = pipe.decoder.block_size(config)
+    decoders = bench_decoders(pipe, bench.proposers)
+    lead = next(iter(decoders))
+    block = decoders[lead].block_size(config)
     concurrency = bench.concurrency
     model = bench.model
     settings = {"target": model.target_label,
                 "draft": pipe.draft_description, "trained_draft": pipe.trained_draft, "block_size": block,
-                "speculate": pipe.decoder.speculate, "proposer": pipe.decoder.proposer,
+                "speculate": pipe.decoder.speculate, "proposer": lead, "proposers": list(decoders),
                 "datasets": list(conversations), "num_prompts": bench.num_prompts,
                 "max_new_tokens": bench.max_new_tokens, "temperature": bench.temperature, "top_p": bench.top_p,
                 "top_k": bench.top_k, "concurrency": list(concurrency), "repeats": bench.repeats, "device": model.device, "dtype": model.dtype,
@@ -299,36 +355,39 @@ def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
                 "dataset_file": list(bench.dataset_files) or None, "machine": machine_identity()}
     weights = weights_digest(pipe.decoder.target.model, pipe.decoder.draft)
     store = PartStore(out, run_fingerprint(settings, weights), bench.resume)
-    print(f"# bench: draft {pipe.draft_description}; block {block}; concurrency {concurrency}", file=sys.stderr)
+    print(f"# bench: draft {pipe.draft_description}; proposers {', '.join(decoders)}; block {block}; "
+          f"concurrency {concurrency}", file=sys.stderr)
     warm = first_prompt(pipe, conversations)
-    for decoder in (ar, pipe.decoder):  # untimed warm-up: first-call overheads hit neither side's figures
+    for decoder in [ar, *decoders.values()]:  # untimed warm-up: first-call overheads hit no side's figures
         if decoder is not None:
             decoder.generate([warm], GenerationConfig(max_new_tokens=min(8, bench.max_new_tokens), seed=model.seed))
-    pipe.decoder.policy = pipe.decoder.policy.fresh()  # the timed runs start with what the warm-up measured of the
-    #                                                    machine (costs) but nothing of the draft or a fallback
+    for decoder in decoders.values():  # the timed runs start with what the warm-up measured of the machine
+        decoder.policy = decoder.policy.fresh()  # (costs) but nothing of the draft or a fallback
 
-    datasets, all_runs, peer_prompts, peer_refs, our_cycles = {}, {c: PairRuns() for c in concurrency}, {}, {}, {}
+    runs: dict[str, DatasetRun] = {}
     ticks, commit = cpu_ticks(), git_commit()   # the commit whose code runs, read before the (long) run
     for name, convs in conversations.items():
-        run = dataset_run(store, pipe, ar, name, convs, config, concurrency, bench.repeats)
-        per_c = {}
-        for c in concurrency:
-            per_c[str(c)] = entry(run.runs[c], block, greedy)
-            all_runs[c].extend(run.runs[c])
-        datasets[name] = dict(per_c[str(concurrency[0])], num_prompts=len(convs), by_concurrency=per_c)
-        peer_prompts[name], peer_refs[name], our_cycles[name] = run.prompts, run.outputs, run.cycles
-        print(f"# {name}: tau {fmt(datasets[name]['acceptance_length'])}, speedup {fmt(datasets[name]['speedup'])}x, "
-              f"mismatches {datasets[name]['mismatches']}", file=sys.stderr)
-    overall_c = {str(c): entry(all_runs[c], block, greedy) for c in concurrency}
-    overall = dict(overall_c[str(concurrency[0])], by_concurrency=overall_c,
-                   mean_over_datasets=sum(d["acceptance_length"] or 0 for d in datasets.values()) / len(datasets))
+        runs[name] = dataset_run(store, pipe, ar, decoders, name, convs, config, concurrency, bench.repeats)
+        for p in decoders:
+            d = entry(runs[name].runs[p][concurrency[0]], decoders[p].block_size(config), greedy)
+            print(f"# {name}{'' if len(decoders) == 1 else f' ({p})'}: tau {fmt(d['acceptance_length'])}, "
+                  f"speedup {fmt(d['speedup'])}x, mismatches {d['mismatches']}", file=sys.stderr)
+    by_proposer = {}
+    for p in decoders:
+        datasets, overall = report_runs(runs, conversations, p, concurrency, decoders[p].block_size(config), greedy)
+        by_proposer[p] = {"datasets": datasets, "overall": overall}
+    peer_prompts = {name: run.prompts for name, run in runs.items()}
+    peer_refs = {name: run.outputs for name, run in runs.items()}
     peers = run_peers(pipe, bench, config, peer_prompts, peer_refs, out, block, store) if bench.peers else {}
-    if "dflash_reference" in peers:
-        compare_cycles(peers["dflash_reference"], our_cycles, concurrency[0] == 1 and greedy)
+    if "dflash_reference" in peers:   # the reference package drafts alone: the draft proposer's cycles, if measured
+        mine = "draft" if "draft" in decoders else lead
+        compare_cycles(peers["dflash_reference"], {name: run.cycles[mine] for name, run in runs.items()},
+                       concurrency[0] == 1 and greedy and mine == "draft")
     info = dict(machine_info(), steal_share=steal_share(ticks, cpu_ticks()))
     results = {
         "settings": dict(settings, definitions=DEFINITIONS, weights_sha256=weights, resumed_parts=store.reused),
-        "datasets": datasets, "overall": overall, "peers": peers,
+        "datasets": by_proposer[lead]["datasets"], "overall": by_proposer[lead]["overall"],
+        "proposers": by_proposer, "peers": peers,
         "machine": machine_line(info), "machine_details": info, "commit": commit,
     }
     results["plots"] = plots.bench_plots(results, out)

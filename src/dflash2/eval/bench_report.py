@@ -4,7 +4,9 @@ Contract: `render_markdown(results)` -> the settings, the per-dataset table at t
 concurrency (tau, autoregressive and speculative tok/s, speedup pooled and as the median of batch
 pairs, TPOT, mismatches), per-position acceptance and the tau histogram, the concurrency sweep when
 there is one (with the drafts verified per cycle, the plain steps of fallback and what speculating
-cost on the speculative decoder's own clock), the peers table and
+cost on the speculative decoder's own clock), the proposers side by side when several were
+measured (`render_proposers`: per dataset and batch size, tau, speedup, tokens accepted from each
+source, the tree cycles and their extra nodes), the peers table and
 notes (`render_peers`), and the plots. A pure function of `results`: a saved results.json
 renders the same report again.
 """
@@ -25,7 +27,7 @@ def render_markdown(results: dict) -> str:
              "- acceptance length (tau) = committed tokens / verification passes (bonus counted); the overall row pools "
              "every cycle of every dataset (total tokens / total cycles), it is not a mean of means; speedup = "
              "autoregressive / speculative time per output token of this same engine, same prompts and batch size\n",
-             f"## dflash2 at concurrency {c0}\n"]
+             f"## dflash2 at concurrency {c0}{_proposer(s)}\n"]
     rows = [[name, d["acceptance_length"], d["baseline_tokens_per_second"], d["tokens_per_second"], d["speedup"],
              d["speedup_median"], d["time_per_output_token_ms"], d["mismatches"], d["sequences"]]
             for name, d in list(results["datasets"].items()) + [("**overall**", results["overall"])]]
@@ -49,10 +51,37 @@ def render_markdown(results: dict) -> str:
         lines.append(markdown_table(["batch", "tau", "AR tok/s", "spec tok/s", "speedup", "median pair speedup",
                                      "median pair speedup (CPU time)", "verified / cycle", "plain steps",
                                      "speculation overhead", "mismatches"], rows))
+    if len(results.get("proposers", {})) > 1:
+        lines.append(render_proposers(results))
     if results["peers"]:
         lines.append(render_peers(results))
     lines.append("## Plots\n")
     lines += [f"![{p}]({p})" for p in results["plots"]]
+    return "\n".join(lines) + "\n"
+
+
+def render_proposers(results: dict) -> str:
+    """Every proposer against the one autoregressive baseline they were decoded beside, per batch size."""
+    proposers = results["proposers"]
+    lead = next(iter(proposers.values()))
+    names = list(lead["datasets"]) + ["overall"]
+    lines = [f"## Proposers side by side ({', '.join(proposers)}; one autoregressive baseline, decoded in turn "
+             "batch by batch)\n"]
+    for c in results["settings"]["concurrency"]:
+        lines.append(f"### Batch {c}\n")
+        rows = []
+        for name in names:
+            for proposer, report in proposers.items():
+                d = (report["overall"] if name == "overall" else report["datasets"][name])["by_concurrency"][str(c)]
+                accepted = d.get("accepted_by_source", {})
+                rows.append([name if name != "overall" else "**overall**", proposer, d["acceptance_length"],
+                             d["baseline_tokens_per_second"], d["tokens_per_second"], d["speedup"],
+                             d["speedup_median"], accepted.get("draft", 0), accepted.get("lookup", 0),
+                             accepted.get("lattice", 0), f"{d.get('tree_cycles', 0)} / {d.get('tree_extra_tokens', 0)}",
+                             d["plain_steps"], d["mismatches"]])
+        lines.append(markdown_table(["dataset", "proposer", "tau", "AR tok/s", "spec tok/s", "speedup",
+                                     "median pair speedup", "accepted: draft", "lookup", "lattice",
+                                     "tree cycles / extra nodes", "plain steps", "mismatches"], rows))
     return "\n".join(lines) + "\n"
 
 
@@ -75,6 +104,12 @@ def render_peers(results: dict) -> str:
         lines.append(f"- **{key}** ({report['description']}): {status}")
         lines += [f"  - {note}" for note in report.get("notes", [])]
     return "\n".join(lines) + "\n"
+
+
+def _proposer(settings: dict) -> str:
+    """Which proposer the single-proposer tables show, when the run measured several."""
+    several = settings.get("proposers") or []
+    return f" (proposer {settings['proposer']}; all {len(several)} side by side below)" if len(several) > 1 else ""
 
 
 def _steal(results: dict) -> str:

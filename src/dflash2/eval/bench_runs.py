@@ -3,9 +3,10 @@
 Contract:
 - `Side`: one decoder's runs over a list of prompts at one batch size: per-row outputs and
   `RowStats`, and per batch (one `generate` call) its `BatchTiming`, wall seconds and new tokens.
-  `PairRuns`: both decoders' sides at one concurrency, one `Side` per conversation turn (`ar`
-  empty without a baseline). `DatasetRun`: one dataset at every concurrency, with what the peers
-  need. Each has `to_dict` / `from_dict` (the saved parts of `--resume`).
+  `PairRuns`: one proposer's and the autoregressive decoder's sides at one concurrency, one `Side`
+  per conversation turn (`ar` empty without a baseline). `DatasetRun`: one dataset at every
+  concurrency for every proposer (the autoregressive sides decoded once, shared), with what the
+  peers need. Each has `to_dict` / `from_dict` (the saved parts of `--resume`).
 - `summarize(sides, block)` -> the pooled figures of one decoder's sides; `entry(pair, block,
   greedy)` -> the report of one dataset (or all) at one concurrency: the speculative summary,
   speedup pooled, as the median of paired batch ratios (`median_pair_ratio`, wall and CPU time),
@@ -93,7 +94,8 @@ class Side:
 
 @dataclass
 class PairRuns:
-    """Both decoders' runs at one concurrency: one `Side` per conversation turn (`ar` empty without a baseline)."""
+    """One proposer's and the autoregressive decoder's runs at one concurrency: one `Side` per conversation
+    turn (`ar` empty without a baseline)."""
     ar: list[Side] = field(default_factory=list)
     spec: list[Side] = field(default_factory=list)
 
@@ -101,32 +103,32 @@ class PairRuns:
         self.ar += other.ar
         self.spec += other.spec
 
-    def to_dict(self) -> dict:
-        return {"ar": [side.to_dict() for side in self.ar], "spec": [side.to_dict() for side in self.spec]}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "PairRuns":
-        return cls([Side.from_dict(x) for x in data["ar"]], [Side.from_dict(x) for x in data["spec"]])
-
 
 @dataclass
 class DatasetRun:
-    """One dataset at every concurrency, with what the peers need: the prompts in run order, the answers
-    at the first concurrency (autoregressive, or speculative without a baseline) and the speculative
-    per-cycle acceptance lengths there."""
-    runs: dict[int, PairRuns]
+    """One dataset at every concurrency for every proposer, with what the peers need: `runs[proposer][c]`
+    pairs that proposer's sides with the autoregressive ones (one list of `ar` sides per concurrency,
+    shared by every proposer: they were decoded once, beside all of them), the prompts in run order,
+    the answers at the first concurrency (autoregressive, or the first proposer's without a baseline)
+    and each proposer's per-cycle acceptance lengths there."""
+    runs: dict[str, dict[int, PairRuns]]
     prompts: list[list[int]]
     outputs: list[list[int]]
-    cycles: list[list[int]]
+    cycles: dict[str, list[list[int]]]
 
     def to_dict(self) -> dict:
-        return {"runs": {str(c): pair.to_dict() for c, pair in self.runs.items()}, "prompts": self.prompts,
-                "outputs": self.outputs, "cycles": self.cycles}
+        first = next(iter(self.runs.values()))
+        return {"ar": {str(c): [side.to_dict() for side in pair.ar] for c, pair in first.items()},
+                "spec": {proposer: {str(c): [side.to_dict() for side in pair.spec] for c, pair in by_c.items()}
+                         for proposer, by_c in self.runs.items()},
+                "prompts": self.prompts, "outputs": self.outputs, "cycles": self.cycles}
 
     @classmethod
     def from_dict(cls, data: dict) -> "DatasetRun":
-        return cls({int(c): PairRuns.from_dict(pair) for c, pair in data["runs"].items()}, data["prompts"],
-                   data["outputs"], data["cycles"])
+        ar = {int(c): [Side.from_dict(x) for x in sides] for c, sides in data["ar"].items()}
+        runs = {proposer: {int(c): PairRuns(ar[int(c)], [Side.from_dict(x) for x in sides]) for c, sides in by_c.items()}
+                for proposer, by_c in data["spec"].items()}
+        return cls(runs, data["prompts"], data["outputs"], data["cycles"])
 
 
 def summarize(sides: list[Side], block: int) -> dict:

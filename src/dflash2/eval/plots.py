@@ -29,6 +29,14 @@ def _save(fig, out: Path, name: str, written: list[str]) -> None:
         plt.close(fig)
 
 
+def _own(results: dict) -> list[tuple[str, dict, dict]]:
+    """This engine's series: (label, per-dataset entries, overall entry), one per proposer measured."""
+    proposers = results.get("proposers") or {}
+    if len(proposers) <= 1:
+        return [("dflash2 (this engine)", results["datasets"], results["overall"])]
+    return [(f"dflash2 {name}", report["datasets"], report["overall"]) for name, report in proposers.items()]
+
+
 def _ok_peers(results: dict) -> dict:
     return {k: v for k, v in results.get("peers", {}).items() if v.get("status") == "ok"}
 
@@ -45,8 +53,8 @@ def bench_plots(results: dict, out: str | Path) -> list[str]:
 
 def _acceptance_bars(results: dict, out: Path, written: list[str]) -> None:
     names = list(results["datasets"]) + ["overall"]
-    series = [("dflash2 (this engine)", [results["datasets"][n]["acceptance_length"] for n in names[:-1]]
-               + [results["overall"]["acceptance_length"]])]
+    series = [(label, [datasets[n]["acceptance_length"] for n in names[:-1]] + [overall["acceptance_length"]])
+              for label, datasets, overall in _own(results)]
     for key, report in _ok_peers(results).items():
         if key == "hf_generate":
             continue  # autoregressive: tau = 1 by definition
@@ -104,16 +112,20 @@ def _throughput(results: dict, out: Path, written: list[str]) -> None:
     cs = [int(c) for c in by_c]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.plot(cs, [by_c[str(c)]["baseline_tokens_per_second"] for c in cs], marker="o", label="autoregressive (same engine)")
-    ax.plot(cs, [by_c[str(c)]["tokens_per_second"] for c in cs], marker="s", label="speculative (dflash2)")
-    for c in cs:
-        d = by_c[str(c)]
-        if d["speedup"]:
-            ax.annotate(f"{d['speedup']:.2f}x", (c, d["tokens_per_second"]), textcoords="offset points",
-                        xytext=(4, 6), fontsize=8)
+    own = _own(results)
+    for label, _, overall in own:
+        mine = overall["by_concurrency"]
+        ax.plot(cs, [mine[str(c)]["tokens_per_second"] for c in cs], marker="s",
+                label="speculative (dflash2)" if len(own) == 1 else label)
+        for c in cs:
+            d = mine[str(c)]
+            if d["speedup"]:
+                ax.annotate(f"{d['speedup']:.2f}x", (c, d["tokens_per_second"]), textcoords="offset points",
+                            xytext=(4, 6), fontsize=8)
     for i, (key, report) in enumerate(_ok_peers(results).items()):
         tps = report["overall"].get("tokens_per_second")
         if tps:
-            ax.scatter([1], [tps], marker="^v<>"[i % 4], s=60, zorder=3, color=f"C{i + 2}",
+            ax.scatter([1], [tps], marker="^v<>"[i % 4], s=60, zorder=3, color=f"C{i + 1 + len(own)}",
                        label=f"{PEER_LABELS.get(key, key)} (batch 1)")
     if len(cs) > 1:
         ax.set_xscale("log", base=2)
