@@ -73,22 +73,27 @@ def test_confident_drafts_verify_the_whole_block():
     assert policy.plain_left == 0
 
 
-def test_a_draft_that_cannot_pay_falls_back_at_once_for_a_budgeted_time():
+def test_a_draft_that_cannot_pay_stops_after_a_few_cycles_for_a_budgeted_time():
+    """A draft the calibration knows is never accepted: each block verifies nothing, so each cycle
+    loses its draft pass (45 ms, 0.75 of a 60-ms plain step). One or two such cycles are weak
+    evidence (the evidence is shrunk towards gain 0); within four its optimistic bound turns into a
+    loss and the draft pass stops, for as long as keeps what they lost at 2 % of the fallback's
+    time. Then a probe, and the next fallback is twice as long."""
     policy = SpeculationPolicy("auto", _costs(0.045), budget=0.02)
     policy.probing = False
     for _ in range(200):   # learned: this draft is never accepted
         policy.acceptance.observe([0.5], True, verified=1, accepted=0)
-    assert policy.choose_length(1, [[0.5] * 7], [True], block=8) == 0
-    # the draft pass (45 ms) lost is at most 2 % of the fallback's plain steps (60 ms each)
-    assert policy.plain_left == math.ceil(0.045 / (0.02 * 0.060))
+    cycles = _until_a_fallback(policy, 0.045, 0.5, 0, 4)
+    assert [k for _, k, _, _ in cycles] == [0] * len(cycles) and len(cycles) >= 3
+    assert cycles[-1][2] == math.ceil(len(cycles) * 0.045 / (0.02 * 0.060))
     plans = [policy.plan(1) for _ in range(policy.plain_left)]
-    assert not any(p.draft for p in plans[:-1]) and not plans[-1].draft
+    assert not any(p.draft for p in plans)
     probe = policy.plan(1)
     assert probe.draft and probe.probe                          # then a probe
     assert policy.backoff == 2 * len(plans)                     # and the next fallback is twice as long
 
 
-def test_a_probe_is_optimistic_and_judged_by_what_it_measured():
+def test_a_probe_is_optimistic_and_one_rejected_block_is_weak_evidence():
     policy = SpeculationPolicy("auto", _costs(0.030))
     assert policy.plan(1).probe                                  # the first cycle probes
     mean = SpeculationPolicy("auto", _costs(0.030))
@@ -98,20 +103,29 @@ def test_a_probe_is_optimistic_and_judged_by_what_it_measured():
     offer = Offer([True], [[0.35] * 7])
     choice = Choice(probe_k, 1.0, 0.0, ("draft",), (probe_k,))
     policy.observe(CycleRecord(1, offer, choice, True, True, [probe_k], [0], probe_k + 1, 0.030, 0.080, 0.0))
-    assert policy.plain_left > 0 and not policy.plan(1).draft    # rejected at once: fall back
+    plan = policy.plan(1)
+    assert plan.draft and not plan.probe and policy.plain_left == 0   # rejected once: the draft goes on
 
 
 def test_a_probe_that_cannot_pay_even_optimistically_verifies_nothing():
-    """At batch 32 a verified token costs nearly a plain step: a weak draft's probe falls back with
-    the draft pass as its only cost instead of verifying drafts to learn what the bound already says."""
+    """At batch 32 a verified token costs nearly a plain step: a weak draft's probe verifies nothing
+    (the draft pass its only cost) instead of verifying drafts to learn what the bound already says;
+    three such cycles lost 0.9 of a plain step each, and the draft pass stops for what they lost."""
     costs = CostModel()
     for q, s in ((1, 0.170), (2, 0.320), (4, 0.520), (8, 0.750)):
         costs.observe_verify(32, q, s)
     costs.observe_draft(32, 0.150)
     policy = SpeculationPolicy("auto", costs)
-    assert policy.plan(32).probe
-    assert policy.choose_length(32, [[0.45] * 7] * 32, [True] * 32, block=8, probe=True) == 0
-    assert policy.plain_left == math.ceil(0.150 / (0.02 * 0.170))     # lost: the draft pass alone
+    lefts = []
+    for n in range(3):
+        plan = policy.plan(32)
+        assert plan.draft and plan.probe == (n == 0)
+        offer = Offer([True] * 32, [[0.45] * 7] * 32)
+        choice = policy.choose(32, offer, block=8, probe=plan.probe)
+        assert choice.k == 0 and policy.plain_left == 0                  # nothing verified, and no verdict yet
+        policy.observe(CycleRecord(32, offer, choice, True, plan.probe, [0] * 32, [0] * 32, 1, 0.150, 0.170))
+        lefts.append(policy.plain_left)
+    assert lefts == [0, 0, math.ceil(3 * 0.150 / (0.02 * 0.170))]       # lost: the three draft passes
 
 
 def test_fresh_keeps_the_machine_and_forgets_the_draft():
@@ -121,6 +135,8 @@ def test_fresh_keeps_the_machine_and_forgets_the_draft():
     fresh = policy.fresh()
     assert fresh.costs is policy.costs and fresh.budget == 0.05 and fresh.mode == "auto"
     assert fresh.plain_left == 0 and fresh.probing and not fresh.acceptance.counts
+    policy.evidence.add(-1.0)
+    assert policy.fresh().evidence.weight == 0.0 and policy.fresh().stretch == 0.0
 
 
 def _simulate(policy: SpeculationPolicy, b: int, accept: float, cycles: int, seed: int = 0):
@@ -390,9 +406,10 @@ def test_every_choice_names_a_source_for_every_row(mode):
         assert choice.k == max(choice.lengths)
 
 
-def _probe_cycles(policy: SpeculationPolicy, draft_s: float, confidence: float, accepted: int, cycles: int):
+def _cycles(policy: SpeculationPolicy, draft_s: float, confidence: float, accepted: int, cycles: int):
     """`cycles` draft cycles (plain steps in between skipped over) of drafts at `confidence`, each
-    accepting `accepted` (80 ms pass) -> per draft cycle (probe, k, fallback started, backoff)."""
+    accepting `accepted` (80 ms pass, or the 60-ms plain step when nothing is verified) -> per draft
+    cycle (probe, k, fallback started, backoff)."""
     out = []
     while len(out) < cycles:
         plan = policy.plan(1)
@@ -401,36 +418,83 @@ def _probe_cycles(policy: SpeculationPolicy, draft_s: float, confidence: float, 
         policy.drafted(1, draft_s)
         offer = Offer([True], [[confidence] * 7])
         choice = policy.choose(1, offer, block=8, probe=plan.probe)
-        if choice.k:
-            policy.observe(CycleRecord(1, offer, choice, True, plan.probe, [choice.k], [min(accepted, choice.k)],
-                                       choice.k + 1, draft_s, 0.080, 0.0))
+        policy.observe(CycleRecord(1, offer, choice, True, plan.probe, [choice.k], [min(accepted, choice.k)],
+                                   choice.k + 1, draft_s, 0.080 if choice.k else 0.060, 0.0))
         out.append((plan.probe, choice.k, policy.plain_left, policy.backoff))
     return out
 
 
-def test_one_unlucky_block_does_not_end_a_probe():
-    """A probe's first block rejected at its first token is weak evidence: the probe goes on for a
-    second draft cycle before it is judged (the old rule judged one block, so an unlucky first block
-    switched a paying draft off for most of a short answer), then falls back for what both lost at
-    the budget's 2 %; rejected again and again, fallbacks grow to `max_backoff` as before."""
+def _until_a_fallback(policy: SpeculationPolicy, draft_s: float, confidence: float, accepted: int, most: int):
+    """`_cycles` one at a time until one starts a fallback (at most `most`)."""
+    out = []
+    while len(out) < most and not (out and out[-1][2]):
+        out += _cycles(policy, draft_s, confidence, accepted, 1)
+    return out
+
+
+def test_rejected_blocks_stop_the_draft_once_the_evidence_says_it_loses():
+    """Every block rejected at its first token, 50 ms lost a cycle (0.83 of a plain step): the first
+    rejection is weak evidence, the draft pass stops within four cycles, for what they lost at the
+    budget's 2 %; rejected again and again, fallbacks grow to `max_backoff`."""
     policy = SpeculationPolicy("auto", _costs(0.030), budget=0.02)
-    (probe1, k1, left1, _), (probe2, k2, left2, _), *later = _probe_cycles(policy, 0.030, 0.6, 0, 6)
-    assert probe1 and k1 > 0 and left1 == 0                         # one block: the probe goes on
-    assert probe2 and k2 > 0                                        # the second block is a probe too
-    assert left2 == math.ceil(2 * (0.030 + 0.080 - 0.060) / (0.02 * 0.060))   # both cycles' loss
-    assert later[-1][3] == policy.max_backoff                       # the evidence piled up: long fallbacks
+    cycles = _cycles(policy, 0.030, 0.6, 0, 12)
+    assert cycles[0][0] and cycles[0][1] > 0 and cycles[0][2] == 0      # a probe, rejected: the draft goes on
+    first = next(i for i, (_, _, left, _) in enumerate(cycles) if left)
+    assert 1 <= first <= 3
+    assert cycles[first][2] == math.ceil((first + 1) * (0.030 + 0.080 - 0.060) / (0.02 * 0.060))
+    assert cycles[-1][3] == policy.max_backoff                      # the evidence piled up: long fallbacks
 
 
-def test_a_probe_still_hopeful_at_its_bound_does_not_grow_the_next_fallback():
-    """A draft that does not pay at its posterior mean but may at its optimistic bound (one token of
-    each block accepted, a dear draft pass) falls back for the budget's length after each probe of
-    two cycles, and that length does not double: the budget alone bounds what probing it loses."""
-    policy = SpeculationPolicy("auto", _costs(0.060), budget=0.02)
-    cycles = _probe_cycles(policy, 0.060, 0.5, 1, 6)
-    assert all(probe for probe, *_ in cycles)
-    fallbacks = [left for _, _, left, _ in cycles if left]
-    assert fallbacks == [math.ceil(2 * (0.060 + 0.080 - 2 * 0.060) / (0.02 * 0.060))] * 3
-    assert policy.backoff == policy.min_backoff
+def _calibrated(policy: SpeculationPolicy, b: int, cycles: int, seed: int = 0, draft_s: float = 0.008):
+    """A trained draft on a machine where a plain step is 45 ms and each verified token adds 3 ms
+    (8 ms draft pass): each block's confidence varies (a first token between 0.05 and 0.95, later
+    ones lower) and is calibrated (token j is accepted with its confidence). -> (seconds, tokens,
+    draft cycles, fallbacks)."""
+    rng = random.Random(seed)
+    policy.costs.observe_verify(b, 1, 0.045)
+    policy.costs.observe_verify(b, 8, 0.066)
+    seconds = tokens = drafted = fallbacks = 0
+    for _ in range(cycles):
+        plan = policy.plan(b)
+        if not plan.draft:
+            seconds, tokens = seconds + 0.045, tokens + b
+            policy.observe(CycleRecord(b, Offer([True] * b), Choice(0, b, 0.0, ("",) * b, (0,) * b), False, False,
+                                       [0] * b, [0] * b, 1, 0.0, 0.045))
+            continue
+        drafted += 1
+        policy.drafted(b, draft_s)
+        confidence = []
+        for _ in range(b):
+            c = rng.uniform(0.05, 0.95)
+            confidence.append([c * 0.9 ** j for j in range(7)])
+        offer = Offer([True] * b, confidence)
+        choice = policy.choose(b, offer, 8, plan.probe)
+        accepted = []
+        for r in range(b):
+            n = 0
+            while n < choice.lengths[r] and rng.random() < confidence[r][n]:
+                n += 1
+            accepted.append(n)
+        verify = 0.045 + 0.003 * choice.k
+        before = policy.plain_left
+        policy.observe(CycleRecord(b, offer, choice, True, plan.probe, list(choice.lengths), accepted, choice.k + 1,
+                                   draft_s, verify))
+        fallbacks += policy.plain_left > before
+        seconds, tokens = seconds + draft_s + verify, tokens + sum(accepted) + b
+    return seconds, tokens, drafted, fallbacks
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_draft_that_pays_on_balance_is_not_stopped_by_unlucky_blocks(seed):
+    """A calibrated draft with good and bad blocks: unsure blocks verify nothing and rejected ones
+    happen in runs, but on balance it gains, so the draft pass never stops (the old rules stopped
+    it for a dozen to hundreds of steps after one unsure block or a few rejections) and the run is
+    well ahead of plain decoding."""
+    policy = SpeculationPolicy("auto")
+    seconds, tokens, drafted, fallbacks = _calibrated(policy, 1, 600, seed)
+    assert fallbacks == 0 and drafted == 600
+    assert seconds < 0.85 * tokens * 0.045
+    assert policy.evidence.mean() > 0
 
 
 def test_a_probe_that_pays_ends_and_speculation_goes_on():
@@ -457,58 +521,59 @@ def test_the_first_draft_probe_waits_for_a_row_that_lookup_leaves_uncovered():
     assert policy.worth_drafting(1, covered, block=8)
 
 
-def test_a_fallback_ends_the_probe_under_way():
-    """A probe's first cycle fails (the probe goes on), then its next draft pass finds nothing worth
-    verifying and falls back at once: the next probe starts afresh, not as that probe's second cycle."""
-    policy = SpeculationPolicy("auto", _costs(0.030), budget=0.02)
-    _probe_cycles(policy, 0.030, 0.6, 0, 1)
-    assert policy.probe_cycles == 1 and policy.probing
-    policy.drafted(1, 0.030)
-    policy.choose(1, Offer([True], [[0.0] * 7]), block=8, probe=True)   # nothing worth verifying: fall back
-    assert policy.plain_left > 0 and policy.probe_cycles == 0 and policy.probe_lost == 0.0
-
-
-def test_ordinary_cycles_that_lose_fall_back_whatever_the_calibration_expects():
-    """A probe pays (its whole block accepted), then every block is rejected at its first token while
-    the draft's confidence stays high. The calibration, which has just seen a full block accepted at
-    that confidence, keeps expecting a good yield; what the cycles realise decides: each loses its
-    draft pass and wide pass beyond the plain step it commits (50 ms), and once that exceeds
-    `patience` plain steps (180 ms) the draft pass stops -- after four cycles, where the expected
-    rate alone kept it on for more than ten."""
+def test_ordinary_cycles_that_lose_fall_back_once_they_have_spent_what_the_draft_gained():
+    """A probe pays (its whole block accepted: 8 tokens in 110 ms against 480 ms of plain steps), then
+    every block is rejected at its first token while the draft's confidence stays high. The
+    calibration keeps expecting a good yield; what the cycles realise decides: each loses 50 ms, and
+    once they have lost about what the probe gained the draft pass stops."""
     policy = SpeculationPolicy("auto", _costs(0.030), budget=0.02)
     for _ in range(3):                                           # what the draft did before: it paid
         policy.acceptance.observe([0.95] * 7, True, verified=7, accepted=7)
-    (probe, k, left, _), = _probe_cycles(policy, 0.030, 0.95, 7, 1)
+    (probe, k, left, _), = _cycles(policy, 0.030, 0.95, 7, 1)
     assert probe and k == 7 and left == 0                          # the probe paid: speculation goes on
-    ordinary = _probe_cycles(policy, 0.030, 0.95, 0, 4)
-    assert [p for p, *_ in ordinary] == [False] * 4
-    assert [left > 0 for _, _, left, _ in ordinary] == [False, False, False, True]
-    assert policy.debt == 0.0                                       # the fallback settled it
+    ordinary = _until_a_fallback(policy, 0.030, 0.95, 0, 12)
+    assert [p for p, *_ in ordinary] == [False] * len(ordinary)
+    assert ordinary[-1][2] and 5 <= len(ordinary) <= 10           # about 0.37 s gained, then 50 ms a cycle lost
+    assert policy.stretch == 0.0                                   # the fallback settled it
 
 
 def test_a_cycle_that_gains_pays_back_what_earlier_ones_lost():
-    """Rejected blocks alternate with blocks accepted whole: the gains (a 7-token block commits 8
-    tokens in 110 ms against 480 ms of plain steps) pay back each loss, so the draft pass never stops."""
+    """Rejected blocks alternate with blocks accepted whole: the gains pay back each loss, so the draft
+    pass never stops and what the stretch lost never piles up."""
     policy = SpeculationPolicy("auto", _costs(0.030), budget=0.02)
     for _ in range(3):
         policy.acceptance.observe([0.95] * 7, True, verified=7, accepted=7)
     for n in range(20):
-        cycle, = _probe_cycles(policy, 0.030, 0.95, 7 if n % 3 == 2 else 0, 1)
+        cycle, = _cycles(policy, 0.030, 0.95, 7 if n % 3 == 2 else 0, 1)
         assert cycle[2] == 0
-    assert policy.debt <= 2 * 0.050
+    assert policy.stretch <= 2 * 0.050 and policy.evidence.mean() > 0
 
 
-def test_a_probe_that_gains_against_plain_steps_ends_whatever_the_calibration_expects():
-    """The calibration has seen a block rejected at this confidence; the probe's block then commits 3
-    tokens in 140 ms (draft pass 60, pass 80) against 180 ms of plain steps: it gained, though the
-    posterior mean, one block later, still says the draft does not pay. What it realised decides:
-    the probe ends and speculation goes on (the old rule probed a second block, then fell back for
-    it), and the ordinary cycles that gain as much keep it on."""
+def test_a_probe_that_gains_against_plain_steps_goes_on_whatever_the_calibration_expects():
+    """The calibration has seen a block rejected at this confidence; each block then commits 3 tokens
+    in 140 ms (draft pass 60, pass 80) against 180 ms of plain steps: a gain, though the posterior
+    mean says the draft does not pay. What the cycles realise decides: speculation goes on."""
     policy = SpeculationPolicy("auto", _costs(0.060), budget=0.02)
     policy.acceptance.observe([0.5] * 7, True, verified=7, accepted=0)
-    cycles = _probe_cycles(policy, 0.060, 0.5, 2, 3)
+    cycles = _cycles(policy, 0.060, 0.5, 2, 3)
     assert [probe for probe, *_ in cycles] == [True, False, False]
-    assert [left for _, _, left, _ in cycles] == [0, 0, 0] and policy.debt == 0.0
+    assert [left for _, _, left, _ in cycles] == [0, 0, 0] and policy.stretch == 0.0
+
+
+def test_in_hybrid_a_draft_cycle_is_judged_against_what_lookup_alone_was_expected_to_gain():
+    """Lookup offers a confident block: the best choice without the draft is expected to gain, so a
+    draft cycle is measured against that (`Choice.baseline` < 0), not against plain steps; for the
+    draft alone the baseline is a plain step (0)."""
+    policy = SpeculationPolicy("auto", _costs(0.010), sources=2)
+    policy.probing = False
+    for _ in range(20):
+        policy.lookup_acceptance.observe([0.9] * 7, True, verified=7, accepted=7)
+    offer = Offer([True], [[0.6] * 7], [[0.9] * 7])
+    choice = policy.choose(1, offer, block=8)
+    assert choice.baseline < -0.05                                 # lookup alone: several tokens for one pass
+    alone = SpeculationPolicy("auto", _costs(0.010))
+    alone.probing = False
+    assert alone.choose(1, Offer([True], [[0.6] * 7]), block=8).baseline == pytest.approx(0.0, abs=1e-12)
 
 
 def _lagging_row_cycles(fixed: bool, cycles: int) -> list[int]:
@@ -544,8 +609,8 @@ def test_a_fixed_batch_judges_what_its_cycles_realised_by_when_its_last_row_ends
     of plain steps by the token count), but the batch ends when its lagging row does, and that row
     gained one token per 150 ms -- each cycle saves 84 ms of the batch's plain decoding (eight
     70-ms steps become one at 70 ms and seven one-row steps at 68 ms later) and loses 66 ms: the
-    draft pass stops once that passes three plain steps. A batch that refills (the server's:
+    draft pass stops within a few cycles. A batch that refills (the server's:
     tokens per second) keeps the draft on: there the 57 tokens are what counts."""
     fixed = _lagging_row_cycles(True, 6)
-    assert fixed[:3] == [0, 0, 0] and fixed[3] > 0
+    assert fixed[0] == 0 and any(fixed[1:3])                     # a few cycles that lose: the draft pass stops
     assert _lagging_row_cycles(False, 10) == [0] * 10

@@ -72,7 +72,9 @@ class Choice:
     verified (<= k; a tree's nodes below the anchor), the expected tokens this commits summed over
     the rows, and the rate (tokens per second) that gives. `branches`: per row the lengths of its
     tree's draft branch and second branch ((0, 0) for rows without one; empty when no row has
-    one), `seconds`: per row the second branch's source ("lookup" or `LATTICE`; "" without a tree)."""
+    one), `seconds`: per row the second branch's source ("lookup" or `LATTICE`; "" without a tree).
+    `baseline`: what the best choice without the draft was expected to lose against plain decoding
+    (seconds; negative: to gain), which a draft cycle's realised gain is judged against."""
     k: int
     expected: float
     rate: float
@@ -80,6 +82,7 @@ class Choice:
     lengths: tuple[int, ...] = ()
     branches: tuple[tuple[int, int], ...] = ()
     seconds: tuple[str, ...] = ()
+    baseline: float = 0.0
 
     @property
     def has_tree(self) -> bool:

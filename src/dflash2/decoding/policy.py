@@ -42,29 +42,34 @@ Contract:
   the draft at its usual yield (a moving average of its k and expected tokens a row) beats the
   lookup alone, pass included; before the draft has a yield, only when lookup leaves some row
   uncovered (so its probe measures it where lookup cannot serve, instead of losing a cycle that
-  lookup already covers and falling back for it).
+  lookup already covers and falling back for it). The yield is renewed only by draft passes, so
+  after `renew` cycles skipped in a row one pass runs anyway (`renew` doubles while the draft's
+  tokens are not chosen, back to `min_backoff` when they are): a yield learnt on text that lookup
+  served better cannot keep the draft off for good once the text changes.
 - Lookup costs no pass and is chosen cycle by cycle at its mean; when only its optimistic bound or
   figures this run has not observed would verify more, a lookup probe verifies that once,
   budgeted like a fallback (see `_lookup_choice`).
-- Falling back (the draft pass only): at once
-  when the best length is 0 or, in a probe, when even the optimistic best rate is below the best
-  rate without the draft (lookup alone, or plain decoding) (the draft pass was the only cost: nothing is verified), when the
-  best rate stays below plain decoding's for `patience` cycles, when what ordinary draft cycles
-  realised lost (`_realised_loss`: a cycle's time beyond the plain decoding time it saved, by the
-  objective the choice is made by), summed one-sidedly (a gain pays it back, never below zero),
-  exceeds `patience` plain steps' time (`_settle`: a calibration that lags cannot keep a losing
-  draft on), or when a probe, judged with what it measured, did not pay (neither at the posterior
-  mean nor realised): a probe lasts up to `probe_window` draft cycles while the draft does
-  not pay at the posterior mean but may at the optimistic bound, and ends at once when it pays or
-  when even the bound says no. A fallback lasts long enough that what the failed speculation lost,
-  the cycle's time beyond that of plain steps committing its expected tokens, is at most
-  `budget` of the fallback's time; at least `backoff` steps, which doubles after each fallback
-  (up to `max_backoff`) and returns to `min_backoff` once speculation pays -- except after a probe
-  that failed at the posterior mean while the optimistic bound still says the draft pays (weak
-  evidence: the next probe comes after the budget's length alone). So a draft that never
-  pays costs at most `budget` of plain decoding's time after its first probe. `sources` (2 for
-  `hybrid`, whose draft and lookup are both explored) splits `budget` between them, so exploring
-  both costs at most what exploring one does.
+- Falling back (the draft pass only) is decided by what the draft's cycles realised, never by one
+  block: a block the draft is unsure of (the best length 0, or in a probe not paying even at the
+  optimistic bound) is verified without its tokens (`without`: lookup's, or a plain step), and
+  its pass is what that cycle loses. Each draft cycle's gain -- the plain decoding time it saved
+  (`_realised_loss`: by the objective the choice is made by) beyond what the best choice without
+  the draft was expected to save (`Choice.baseline`: nothing for a plain step, lookup's expected
+  gain in `hybrid`), less its own time, in plain steps -- goes into `evidence`
+  (`decoding.evidence.GainEvidence`: exponentially weighted, shrunk towards gain 0, older with
+  every decoded step). The draft pass stops only when even the evidence's optimistic bound (mean
+  + `optimism` standard errors) is a loss: a draft that pays on balance is never switched off by
+  a run of unlucky blocks (which the old rules did: one rejected probe, one unsure block or a few
+  rejected blocks each stopped it for dozens to hundreds of steps), and one that loses its pass
+  every cycle stops after a few. A fallback lasts long enough that what the draft cycles lost on
+  balance since the last one (`stretch`, summed one-sidedly) is at most `budget` of the
+  fallback's time; at least `backoff` steps, which doubles after each fallback (up to
+  `max_backoff`) and returns to `min_backoff` while the evidence's mean is a gain. The first
+  draft cycle after a fallback (and the very first) is a probe: its length is chosen at the
+  optimistic bound of the calibration and costs, to learn what the draft is worth now. So a
+  draft that never pays costs at most `budget` of plain decoding's time after its first few
+  cycles. `sources` (2 for `hybrid`, whose draft and lookup are both explored) splits `budget`
+  between them, so exploring both costs at most what exploring one does.
 - `fresh()`: a policy with the same settings and cost model that has learned nothing of the draft.
 - `observe(record)` feeds back what a cycle did (`CycleRecord`): the acceptance per row and source
   (calibration) and the measured times (costs).
@@ -74,10 +79,12 @@ All numbers are plain Python floats: the policy changes what is verified, never 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from dflash2.decoding.acceptance_model import AcceptanceModel, expectations_by_length
 from dflash2.decoding.costs import CostModel
 from dflash2.decoding.cycle import LATTICE, SOURCES, Choice, CyclePlan, CycleRecord, Offer
+from dflash2.decoding.evidence import GainEvidence
 from dflash2.decoding.horizon import saved_seconds, step_curve
 from dflash2.decoding.tree_expectation import best_per_width, tree_options
 
@@ -87,9 +94,9 @@ DRAFT_SCALE_WEIGHT = 8.0   # the draft's confidence is a trained model's probabi
 
 
 class SpeculationPolicy:
-    def __init__(self, mode: str = "auto", costs: CostModel | None = None, patience: int = 3,
-                 min_backoff: int = 8, max_backoff: int = 512, budget: float = 0.02, optimism: float = 1.0,
-                 margin: float = 0.0, sources: int = 1, probe_window: int = 2):
+    def __init__(self, mode: str = "auto", costs: CostModel | None = None, min_backoff: int = 8,
+                 max_backoff: int = 512, budget: float = 0.02, optimism: float = 1.0, margin: float = 0.0,
+                 sources: int = 1):
         if mode not in SPECULATE_MODES:
             raise ValueError(f"speculate mode must be one of {', '.join(SPECULATE_MODES)}, got {mode!r}")
         self.mode = mode
@@ -97,22 +104,24 @@ class SpeculationPolicy:
         self.acceptance = AcceptanceModel(scale_weight=DRAFT_SCALE_WEIGHT)   # the draft's calibration
         self.lookup_acceptance = AcceptanceModel()    # the lookup proposer's
         self.lattice_acceptance = AcceptanceModel()   # the draft's second path's, from its fork on
-        self.patience, self.min_backoff, self.max_backoff, self.margin = patience, min_backoff, max_backoff, margin
-        self.budget, self.optimism, self.sources, self.probe_window = budget, optimism, sources, probe_window
+        self.min_backoff, self.max_backoff, self.margin = min_backoff, max_backoff, margin
+        self.budget, self.optimism, self.sources = budget, optimism, sources
         self.backoff = min_backoff
-        self.losing = 0          # consecutive cycles whose best rate was below that without the draft
         self.plain_left = 0      # cycles left in the current fallback (no draft pass)
         self.probing = True      # the next draft pass is a probe (the first one, or after a fallback)
-        self.probe_cycles, self.probe_lost = 0, 0.0   # the probe under way: its draft cycles, what they lost
-        self.debt = 0.0          # what ordinary draft cycles lost, realised, against plain decoding (`_settle`)
+        self.evidence = GainEvidence()   # what draft cycles gained, in plain steps (the fallback's judge)
+        self.stretch = 0.0       # seconds the draft cycles since the last fallback lost, on balance
         self.outlook: tuple[float, float] | None = None   # the draft's usual (k, expected tokens a row)
         self.lookup_wait = 0     # lookup cycles before the next lookup probe may run (`_lookup_choice`)
         self.lookup_backoff = min_backoff
+        self.skipped = 0         # consecutive cycles `worth_drafting` skipped the draft pass
+        self.renew = min_backoff  # skipped cycles before one draft pass renews the outlook (doubling while it
+        #                           does not pay, back to `min_backoff` when the draft's tokens are verified)
 
     def fresh(self) -> "SpeculationPolicy":
         """The same settings and cost model, nothing learned of the proposers, no fallback under way."""
-        return SpeculationPolicy(self.mode, self.costs, self.patience, self.min_backoff, self.max_backoff,
-                                 self.budget, self.optimism, self.margin, self.sources, self.probe_window)
+        return SpeculationPolicy(self.mode, self.costs, self.min_backoff, self.max_backoff, self.budget,
+                                 self.optimism, self.margin, self.sources)
 
     def _table(self, source: str) -> AcceptanceModel:
         return {"draft": self.acceptance, "lookup": self.lookup_acceptance, LATTICE: self.lattice_acceptance}[source]
@@ -125,6 +134,7 @@ class SpeculationPolicy:
             return CyclePlan(draft=True)
         if self.plain_left > 0:
             self.plain_left -= 1
+            self.evidence.age()
             if self.plain_left == 0:
                 self.probing = True
             return CyclePlan(draft=False)
@@ -271,7 +281,14 @@ class SpeculationPolicy:
             return not all(alone.sources)
         k, per_row = round(self.outlook[0]), self.outlook[1]
         mixed = [max(per_row, row[min(k, len(row) - 1)]) for row in lookup["lookup"]]
-        return self.rate(b, mixed, self.cycle_seconds(b, k, True), offer.remaining) > alone.rate
+        if self.rate(b, mixed, self.cycle_seconds(b, k, True), offer.remaining) > alone.rate:
+            self.skipped = 0
+            return True
+        self.skipped += 1        # the outlook ages while the draft does not run: one pass now and then renews it
+        if self.skipped < self.renew:
+            return False
+        self.skipped, self.renew = 0, min(2 * self.renew, self.max_backoff)
+        return True
 
     def choose(self, b: int, offer: Offer, block: int, probe: bool = False) -> Choice:
         """What to verify this cycle, by expected committed tokens per second; see the module docstring."""
@@ -292,20 +309,24 @@ class SpeculationPolicy:
                              optimistic=probe, remaining=offer.remaining)
         if not probe:
             self._follow_outlook(choice, expectations["draft"])
+            if choice.k and ("draft" in choice.sources or "tree" in choice.sources):
+                self.renew = self.min_backoff
+        # what the draft cycle is measured against: the best choice without it, at the posterior mean
+        mean = without if not probe or offer.lookup is None else self._best(
+            b, {n: e for n, e in self._expectations(offer).items() if n != "draft"}, drafts, False,
+            remaining=offer.remaining)
+        baseline = self._expected_loss(b, mean)
         if choice.k == 0 or (probe and not self._pays(choice.rate, without.rate)):
-            # nothing worth verifying from the draft, even at the optimistic bound of a probe: the draft
-            # pass was the only cost, and verifying its tokens would add to it
-            self._fall_back(b, self._lost(b, self.cycle_seconds(b, 0), b))
-            return without
-        if probe:                              # judged in `observe`, with what it measured
-            return choice
-        if self._pays(choice.rate, without.rate):
-            self.losing, self.backoff = 0, self.min_backoff
-        else:
-            self.losing += 1
-            if self.losing >= self.patience:
-                self._fall_back(b, self._lost(b, self.cycle_seconds(b, choice.k), choice.expected))
-        return choice
+            # nothing worth verifying from the draft this cycle, even at a probe's optimistic bound: its
+            # pass is what the cycle loses (`observe` weighs it with the rest of the evidence)
+            return replace(without, baseline=baseline)
+        return replace(choice, baseline=baseline)
+
+    def _expected_loss(self, b: int, choice: Choice) -> float:
+        """What a cycle without the draft pass, as chosen, is expected to lose against plain decoding
+        (negative: to gain; 0 for a plain step), by the objective its rate was chosen by."""
+        seconds = self.cycle_seconds(b, choice.k, drafted=False)
+        return seconds - choice.rate * seconds / self.plain_rate(b)
 
     def _lookup_choice(self, b: int, offer: Offer, drafts: int) -> Choice:
         """Lookup costs no pass, so it is chosen cycle by cycle, at its mean acceptance and the cost
@@ -354,16 +375,14 @@ class SpeculationPolicy:
         needed = math.ceil(max(lost_seconds, 0.0) / max(share * self.plain_step_seconds(b), 1e-12))
         return min(max(backoff, needed), self.max_backoff)
 
-    def _fall_back(self, b: int, lost_seconds: float, escalate: bool = True) -> None:
-        """Cycles without the draft pass long enough that `lost_seconds` is at most `budget` of their
-        time, and at least `backoff` of them; `escalate`: the next fallback is at least twice as long
-        (not after a probe that failed at the mean while its optimistic bound still pays: one unlucky
-        block is weak evidence, and the budget alone already bounds what probing loses)."""
-        self.plain_left = self._fallback_length(b, lost_seconds, self.backoff)
-        if escalate:
-            self.backoff = min(2 * self.plain_left, self.max_backoff)
-        self.losing, self.debt = 0, 0.0
-        self.probe_cycles, self.probe_lost = 0, 0.0   # a probe cut short by this fallback ends with it
+    def _fall_back(self, b: int) -> None:
+        """Cycles without the draft pass long enough that what the draft cycles since the last fallback
+        lost on balance is at most `budget` of their time, at least `backoff` of them; the next
+        fallback is at least twice as long (`backoff` returns to `min_backoff` once the evidence says
+        the draft gains)."""
+        self.plain_left = self._fallback_length(b, self.stretch, self.backoff)
+        self.backoff = min(2 * self.plain_left, self.max_backoff)
+        self.stretch = 0.0
 
     # ------------------------------------------------------------------ feedback
     def observe(self, record: CycleRecord) -> None:
@@ -387,48 +406,19 @@ class SpeculationPolicy:
                     self.lookup_acceptance.observe(offer.lookup[r], True, n_second, second_accepted)
             elif source and verified:
                 self._table(source).observe(offered[source][r], offer.greedy[r], verified, accepted)
-        if record.drafted and self.mode == "auto" and self.plain_left == 0:
-            if record.probe:
-                self._judge_probe(record)
-            else:
-                self._settle(record)
+        if record.drafted and self.mode == "auto":
+            self._weigh(record)
 
-    def _settle(self, record: CycleRecord) -> None:
-        """An ordinary draft cycle, judged by what it committed: the expected rate comes from a
-        calibration that can lag what the draft now does (a probe that paid, then blocks rejected at
-        the first token while the posterior mean still predicts two tokens a cycle). `debt`, a
-        one-sided cumulative sum of each cycle's realised loss (`_realised_loss`; a gain pays it back,
-        never below zero), falls back once it exceeds `patience` plain
-        steps: whatever the calibration says, a run of cycles that commit less than plain decoding
-        would costs at most about that before the draft pass stops."""
+    def _weigh(self, record: CycleRecord) -> None:
+        """A draft cycle, judged by what it realised beyond the best choice without the draft
+        (`Choice.baseline`), in plain steps: into the evidence; the draft pass stops when even the
+        evidence's optimistic bound is a loss (see the module docstring)."""
         b = record.b
-        self.debt = max(0.0, self.debt + self._realised_loss(record))
-        if self.debt > self.patience * self.plain_step_seconds(b):
-            self._fall_back(b, self.debt)
-
-    def _judge_probe(self, record: CycleRecord) -> None:
-        """A probe cycle, judged with what it measured: the draft pays -- at the posterior mean, or
-        realised (the probe's cycles so far took less time than the plain decoding they saved,
-        `_realised_loss`: a calibration that lags the draft cannot switch off a draft that gains, as
-        `_settle` bounds what it can keep on) -- the probe ends, speculation goes on; it does not -- the probe goes
-        on for up to `probe_window` draft cycles while the optimistic bound still says it may pay
-        (one block is weak evidence), then falls back for what the whole probe lost. The next
-        fallback grows only once even the bound says the draft does not pay (see `_fall_back`)."""
-        b, offer = record.b, record.offer
-        self.probe_cycles += 1
-        self.probe_lost += self._realised_loss(record)
-        expectations = self._expectations(offer)
-        drafts, remaining = len(offer.draft[0]), offer.remaining
-        without = self._best(b, {n: e for n, e in expectations.items() if n != "draft"}, drafts, False,
-                             remaining=remaining)
-        gained = self.probe_lost < 0.0         # realised: its cycles took less than the plain decoding they saved
-        if gained or self._pays(self._best(b, expectations, drafts, True, remaining=remaining).rate, without.rate):
-            self.probing, self.losing, self.backoff = False, 0, self.min_backoff
-        else:
-            bound = self._best(b, self._expectations(offer, self.optimism), drafts, True, remaining=remaining)
-            hopeful = self._pays(bound.rate, without.rate)
-            if hopeful and self.probe_cycles < self.probe_window:
-                return                         # still probing: the next draft pass is a probe too
-            self.probing = False
-            self._fall_back(b, self.probe_lost, escalate=not hopeful)
-        self.probe_cycles, self.probe_lost = 0, 0.0
+        loss = self._realised_loss(record) - record.choice.baseline
+        self.evidence.add(-loss / max(self.plain_step_seconds(b), 1e-9))
+        self.stretch = max(0.0, self.stretch + loss)
+        self.probing = False
+        if self.evidence.mean() > 0.0:
+            self.backoff = self.min_backoff
+        if self.plain_left == 0 and self.evidence.upper(self.optimism) < 0.0:
+            self._fall_back(b)
