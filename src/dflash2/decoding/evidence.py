@@ -10,7 +10,7 @@ step's time: +1.0 gained a step, -0.25 lost a quarter of one), so that batch siz
 - `age(steps)`: decoded steps without the draft pass also make the evidence older (so a draft
   switched off long ago is judged on what a new probe shows).
 - `mean()` and `upper(z)` (the mean plus `z` standard errors): both shrunk towards a prior of
-  `prior` cycles at gain 0 with a spread of one plain step, so that one or two cycles are weak
+  `prior` cycles at gain 0 with a spread of `spread` plain steps, so that one or two cycles are weak
   evidence either way, and three that lose most of a plain step each, or eight that lose a
   quarter of one each (a draft pass with nothing verified), are strong evidence.
 A pure value object: plain floats, no tensors, no clock.
@@ -24,8 +24,9 @@ from dataclasses import dataclass
 @dataclass
 class GainEvidence:
     decay: float = 0.99       # per draft cycle or decoded step: a memory of about 100
-    prior: float = 4.0        # pseudo-cycles at gain 0, spread one plain step
+    prior: float = 4.0        # pseudo-cycles at gain 0, spread `spread`
     clip: float = 2.0         # plain steps: the most one cycle counts for, either way
+    spread: float = 1.0       # the prior's standard deviation, plain steps
     weight: float = 0.0       # sum of the weights of the cycles seen
     total: float = 0.0        # weighted sum of their gains
     squares: float = 0.0      # weighted sum of their squared gains
@@ -50,5 +51,5 @@ class GainEvidence:
         """The mean plus `z` standard errors of it."""
         n = self.weight + self.prior
         mean = self.total / n
-        variance = max((self.squares + self.prior) / n - mean * mean, 0.0)
+        variance = max((self.squares + self.prior * self.spread ** 2) / n - mean * mean, 0.0)
         return mean + z * math.sqrt(variance / n)
