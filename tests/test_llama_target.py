@@ -22,6 +22,8 @@ from dflash2.errors import DFlash2Error
 from dflash2.targets import builtin, llama
 from dflash2.training.regenerate import config_sha256, target_fields
 
+ROUNDING = 5e-5   # fp32 logits: the same arithmetic summed in another order (measured 1.2e-5)
+
 
 def _tiny_llama_dir(tmp_path, **overrides):
     """A random 4-layer Llama (GQA 4 heads / 2 KV heads, tied head) saved as a target directory."""
@@ -90,8 +92,8 @@ def test_logits_equal_transformers_with_padding_cache_and_trees(tmp_path, dtype)
                 run.append(model(input_ids=step, attention_mask=seen, position_ids=step_positions,
                                  past_key_values=cache, use_cache=True).logits)
         outputs.append(run)
-    for ours, reference in zip(*outputs):
-        torch.testing.assert_close(ours, reference, rtol=0, atol=1e-5)
+    for ours, reference in zip(*outputs):    # rounding only: our GQA folds the query heads onto the KV
+        torch.testing.assert_close(ours, reference, rtol=0, atol=ROUNDING)   # heads, transformers repeats the KV
     # a 4-D mask (a token tree through the adapter) as well
     logits = []
     for model in (own, theirs):
@@ -99,8 +101,8 @@ def test_logits_equal_transformers_with_padding_cache_and_trees(tmp_path, dtype)
         adapter.prefill([[5, 6, 7], [8, 9]])
         tree = pack_tree([1, 5], [[[2, 4], [3]], [[6, 7], [6, 8, 9]]], 6, "cpu")   # two branches a row
         logits.append(adapter.step_tree(tree.ids, tree.depth, tree.visible))
-    torch.testing.assert_close(logits[0][0], logits[1][0], rtol=0, atol=1e-5)
-    torch.testing.assert_close(logits[0][1], logits[1][1], rtol=0, atol=1e-5)
+    torch.testing.assert_close(logits[0][0], logits[1][0], rtol=0, atol=ROUNDING)
+    torch.testing.assert_close(logits[0][1], logits[1][1], rtol=0, atol=ROUNDING)
 
 
 def test_a_broken_mask_would_show(tmp_path):
@@ -114,7 +116,7 @@ def test_a_broken_mask_would_show(tmp_path):
         right = own(input_ids=ids, attention_mask=mask, position_ids=positions).logits
         wrong = own(input_ids=ids, attention_mask=torch.ones_like(mask), position_ids=positions).logits
         reference = theirs(input_ids=ids, attention_mask=mask, position_ids=positions).logits
-    torch.testing.assert_close(right, reference, rtol=0, atol=1e-5)
+    torch.testing.assert_close(right, reference, rtol=0, atol=ROUNDING)
     assert (wrong[1, -1] - reference[1, -1]).abs().max() > 1e-2
 
 
