@@ -21,9 +21,10 @@ Contract:
   like transformers' `create_causal_mask`; a 4-D mask (token trees) is used as given.
 - The arithmetic is transformers' step by step (RMSNorm in fp32, RoPE from fp32 frequencies,
   `scaled_dot_product_attention` on the KV heads themselves, each one's query heads folded onto it
-  (with a mask: every pass of the engine; repeated KV heads only for an unmasked pass without a cache)),
-  so fp32 logits agree to rounding (tests/test_llama_target.py: logits, greedy output and the
-  engine's lossless run against transformers' own class; to 1.2e-5 in the cases measured; bit for bit before the query heads were folded).
+  (`fold_queries`: every pass of the engine; repeated KV heads only for an unmasked pass without a
+  cache)), so fp32 logits agree to rounding (tests/test_llama_target.py: logits, greedy output and
+  the engine's lossless run against transformers' own class; within 1.2e-5 in the cases measured,
+  where transformers repeats the KV heads).
   There is no `generate()`: code that needs Hugging Face generation (the `hf_*` bench peers) asks `open_target(..., implementation="transformers")`.
 """
 from __future__ import annotations
@@ -150,7 +151,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, mask, cache):
+    def forward(self, x, cos, sin, mask, cache, fold: bool):
+        """fold: the query heads fold onto their KV heads (`fold_queries`), `mask` already folded."""
         b, length, _ = x.shape
         # [b, L, heads * d] -> [b, heads, L, d]
         q = self.q_proj(x).view(b, length, -1, self.head_dim).transpose(1, 2)
@@ -160,15 +162,12 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)           # [b, kv_heads, slots, d]
         groups = self.heads // self.kv_heads
-        if groups > 1 and (length == 1 or mask is not None) and (mask is None or mask.shape[1] == 1):
-            # The query heads fold onto their KV heads, so the cache is read where it lies instead of
-            # being copied once per query head (the copy cost ~10x the attention itself at batch 20,
-            # 900 slots): [b, heads, L, d] -> [b, kv_heads, groups * L, d], query g * L + l of a KV
-            # head being head (kv * groups + g)'s query l; the mask's rows repeat to match,
-            # [b, 1, L, S] -> [b, 1, groups * L, S]. Same dot products, same sums.
+        if fold:
+            # The cache is read where it lies instead of being copied once per query head (the copy
+            # cost ~10x the attention itself at batch 20, 900 slots): [b, heads, L, d] ->
+            # [b, kv_heads, groups * L, d], query g * L + l of a KV head being head
+            # (kv * groups + g)'s query l. Same dot products, same sums.
             q = q.reshape(b, self.kv_heads, groups * length, self.head_dim)
-            if mask is not None and length > 1:
-                mask = mask[:, :, None].expand(-1, -1, groups, -1, -1).reshape(mask.shape[0], 1, groups * length, -1)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
         else:                      # a per-head mask; or no cache and no padding (`is_causal`: queries in their order)
             if groups > 1:                                       # [b, kv_heads, S, d] -> [b, heads, S, d]
@@ -188,8 +187,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, cache):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
+    def forward(self, x, cos, sin, mask, cache, fold: bool):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, fold)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -209,6 +208,17 @@ def causal_mask(attention_mask: torch.Tensor | None, length: int, past: int, dev
     if not padded:
         return causal[None, None]                                            # [1, 1, L, S]
     return (causal[None] & attention_mask.bool()[:, None, :])[:, None]      # [b, 1, L, S]
+
+
+def fold_queries(mask: torch.Tensor | None, length: int, groups: int) -> tuple[bool, torch.Tensor | None]:
+    """Whether a pass of `length` queries folds each KV head's `groups` query heads onto it (grouped
+    attention without copying the cache), and the mask to attend with: folded passes see the mask's
+    rows repeated per query head, [b, 1, L, S] -> [b, 1, groups * L, S], made once for every layer.
+    Not folded: no grouping, a per-head mask, or `is_causal` (no mask, several queries)."""
+    fold = groups > 1 and (length == 1 or mask is not None) and (mask is None or mask.shape[1] == 1)
+    if fold and mask is not None and length > 1:
+        mask = mask[:, :, None].expand(-1, -1, groups, -1, -1).reshape(mask.shape[0], 1, groups * length, -1)
+    return fold, mask
 
 
 class LlamaModel(nn.Module):
@@ -232,9 +242,10 @@ class LlamaModel(nn.Module):
             mask = attention_mask                                               # as given (token trees)
         else:
             mask = causal_mask(attention_mask, length, past, x.device)
+        fold, mask = fold_queries(mask, length, self.config.num_attention_heads // self.config.num_key_value_heads)
         cos, sin = self.rotary_emb(x, position_ids)
         for layer in self.layers:
-            x = layer(x, cos, sin, mask, past_key_values)
+            x = layer(x, cos, sin, mask, past_key_values, fold)
         return CausalLMOutput(None, self.norm(x), past_key_values)
 
 
