@@ -15,7 +15,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from dflash2.targets.llama import fold_queries
+from dflash2.targets.grouped_attention import fold_queries, folded_attention
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 GROUPS = HEADS // KV_HEADS
@@ -31,10 +31,8 @@ def expand_kv(q, k, v, mask):
 
 
 def folded(q, k, v, mask):
-    b, _, length, _ = q.shape
-    _, mask = fold_queries(mask, length, GROUPS)                               # the built-in Llama's mask fold
-    q = q.reshape(b, KV_HEADS, GROUPS * length, HEAD_DIM)                      # [b, kv_heads, groups * L, d]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).reshape(b, HEADS, length, HEAD_DIM)
+    _, mask = fold_queries(mask, q.shape[2], GROUPS)                           # what every target does now
+    return folded_attention(q, k, v, mask, None)
 
 
 def sdpa_gqa(q, k, v, mask):

@@ -47,6 +47,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         _train(fsdp_dir, "fsdp", resume=True)
         if rank == 0:
             torch.save(ddp, os.path.join(out_dir, "ddp.pt"))
+        dist.barrier()  # no rank closes its connections while the other still uses them
     finally:
         dist.destroy_process_group()
 

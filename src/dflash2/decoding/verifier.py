@@ -4,7 +4,9 @@ Contract:
 - `TargetAdapter(model, target_layer_ids)` wraps Llama-, Qwen3-, Gemma3-style (and any other
   attention-only) HF causal LMs, and the hybrids of `recurrent.py` (Gated DeltaNet / short-conv layers
   beside full attention: Qwen3.5, Qwen3.5-MoE, Qwen3-Next, LFM2). Other recurrent layer kinds are
-  refused with a `DFlash2Error`.
+  refused with a `DFlash2Error`. A transformers model on `sdpa` attention is switched to
+  `targets.grouped_attention`'s kernel (the same arithmetic, the KV cache read in place rather
+  than copied per query head in every verification pass).
 - The batch lives in one KV cache, left-padded: every row's tokens are contiguous and end at the
   right edge, so a sliding window in slot space equals the window in token positions. The adapter
   keeps the matching 2-D attention mask and each row's next position.
@@ -43,6 +45,8 @@ from dflash2.errors import require
 from dflash2.decoding import recurrent
 from dflash2.decoding.kvcache import SlotLayer
 from dflash2.decoding.ragged import compaction_index, right_align, worth_compacting
+from dflash2.targets import grouped_attention
+
 
 def _left_pad(tensor: torch.Tensor, slots: int) -> torch.Tensor:
     """[b, heads, s, d] -> [b, heads, slots, d] with zeros entering on the left."""
@@ -62,6 +66,7 @@ def context_limit(text_config) -> int:
 class TargetAdapter:
     def __init__(self, model, target_layer_ids: list[int] | None = None):
         self.model = model
+        grouped_attention.fold_transformers_attention(model)  # verification reads the KV cache in place
         self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.hybrid = recurrent.check_supported(model, self.config)
         self.recurrent: list[recurrent.RecurrentLayer] = []

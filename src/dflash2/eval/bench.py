@@ -61,6 +61,7 @@ from dflash2.provenance import cpu_ticks, git_commit, machine_identity, machine_
 from dflash2.dtypes import parse_dtype
 from dflash2.targets.builtin import BUILTIN_TARGETS, load_target_model, open_target, resolve_target
 from dflash2.targets.chat import encode_messages
+from dflash2.targets.grouped_attention import stock_attention
 
 PEER_NAMES = peer_runs.PEER_NAMES + engine_peers.ENGINE_PEER_NAMES   # what --peers accepts
 
@@ -248,8 +249,9 @@ def run_peers(pipe: Pipeline, settings: BenchSettings, config, prompts, ar_outpu
         group = store.load("peers-hf")
         if group is None:
             pad = getattr(pipe.tokenizer, "pad_token_id", None)
-            group = peer_runs.hf_peers(hf_model(pipe, settings.model), prompts, greedy_refs, config, pipe.stop_token_ids,
-                                       0 if pad is None else pad, block, set(wanted))
+            with stock_attention(hf_model(pipe, settings.model)) as hf:  # Hugging Face's own kernels
+                group = peer_runs.hf_peers(hf, prompts, greedy_refs, config, pipe.stop_token_ids,
+                                           0 if pad is None else pad, block, set(wanted))
             store.save("peers-hf", group)
         reports.update(group)
     if "dflash" in wanted:

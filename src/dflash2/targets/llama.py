@@ -21,8 +21,8 @@ Contract:
   like transformers' `create_causal_mask`; a 4-D mask (token trees) is used as given.
 - The arithmetic is transformers' step by step (RMSNorm in fp32, RoPE from fp32 frequencies,
   `scaled_dot_product_attention` on the KV heads themselves, each one's query heads folded onto it
-  (`fold_queries`: every pass of the engine; repeated KV heads only for an unmasked pass without a
-  cache)), so fp32 logits agree to rounding (tests/test_llama_target.py: logits, greedy output and
+  (`targets.grouped_attention`: every pass of the engine; repeated KV heads only for an unmasked
+  pass without a cache)), so fp32 logits agree to rounding (tests/test_llama_target.py: logits, greedy output and
   the engine's lossless run against transformers' own class; within 1.2e-5 in the cases measured,
   where transformers repeats the KV heads).
   There is no `generate()`: code that needs Hugging Face generation (the `hf_*` bench peers) asks `open_target(..., implementation="transformers")`.
@@ -42,6 +42,7 @@ from transformers.configuration_utils import PreTrainedConfig
 from dflash2.errors import require
 from dflash2.model.draft import RMSNorm as DraftRMSNorm
 from dflash2.model.swiglu import SwiGLU
+from dflash2.targets.grouped_attention import fold_queries, folded_attention
 
 
 def supports(config: dict) -> bool:
@@ -162,13 +163,8 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)           # [b, kv_heads, slots, d]
         groups = self.heads // self.kv_heads
-        if fold:
-            # The cache is read where it lies instead of being copied once per query head (the copy
-            # cost ~10x the attention itself at batch 20, 900 slots): [b, heads, L, d] ->
-            # [b, kv_heads, groups * L, d], query g * L + l of a KV head being head
-            # (kv * groups + g)'s query l. Same dot products, same sums.
-            q = q.reshape(b, self.kv_heads, groups * length, self.head_dim)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
+        if fold:   # the cache read where it lies, not copied per query head (~10x the attention at batch 20)
+            out = folded_attention(q, k, v, mask, self.scaling)
         else:                      # a per-head mask; or no cache and no padding (`is_causal`: queries in their order)
             if groups > 1:                                       # [b, kv_heads, S, d] -> [b, heads, S, d]
                 k = k[:, :, None].expand(-1, -1, groups, -1, -1).reshape(b, self.heads, -1, self.head_dim)
@@ -208,17 +204,6 @@ def causal_mask(attention_mask: torch.Tensor | None, length: int, past: int, dev
     if not padded:
         return causal[None, None]                                            # [1, 1, L, S]
     return (causal[None] & attention_mask.bool()[:, None, :])[:, None]      # [b, 1, L, S]
-
-
-def fold_queries(mask: torch.Tensor | None, length: int, groups: int) -> tuple[bool, torch.Tensor | None]:
-    """Whether a pass of `length` queries folds each KV head's `groups` query heads onto it (grouped
-    attention without copying the cache), and the mask to attend with: folded passes see the mask's
-    rows repeated per query head, [b, 1, L, S] -> [b, 1, groups * L, S], made once for every layer.
-    Not folded: no grouping, a per-head mask, or `is_causal` (no mask, several queries)."""
-    fold = groups > 1 and (length == 1 or mask is not None) and (mask is None or mask.shape[1] == 1)
-    if fold and mask is not None and length > 1:
-        mask = mask[:, :, None].expand(-1, -1, groups, -1, -1).reshape(mask.shape[0], 1, groups * length, -1)
-    return fold, mask
 
 
 class LlamaModel(nn.Module):

@@ -3,7 +3,8 @@
 Contract:
 - `Dist.from_env(device_kind)`: under `torchrun` (WORLD_SIZE > 1 in the environment) initialise the
   default process group, gloo on CPU and nccl on CUDA, and pin each rank to cuda:LOCAL_RANK; in a
-  plain process it is a no-op with rank 0 of 1. `close()` destroys a group this object created.
+  plain process it is a no-op with rank 0 of 1. `close()` waits for every rank, then destroys a
+  group this object created.
 - `wrap(module, mode)`: "ddp" -> DistributedDataParallel (gradients all-reduced and averaged
   across ranks; buffers are not broadcast, every rank builds the same ones); "fsdp" -> FSDP2 `fully_shard` on the whole training module (parameters,
   gradients and optimizer state sharded across ranks, gathered for the forward). The draft's
@@ -67,6 +68,9 @@ class Dist:
 
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
+            # Every rank reaches here before any rank tears its group down: gloo's threads abort
+            # the process (SIGABRT) when a peer's connections close under them.
+            dist.barrier()
             dist.destroy_process_group()
             self.owns_group = False
 
