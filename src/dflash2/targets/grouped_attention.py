@@ -19,7 +19,7 @@ Contract:
   The engine's `decoding.verifier.TargetAdapter` does this to every target it is given.
 - `stock_attention(model)`: a context in which such a model runs transformers' own `sdpa` again
   (the Hugging Face peers of `bench` are measured as Hugging Face ships them).
-  The built-in Llama (`targets.llama`) folds through the first two functions itself.
+The built-in Llama (`targets.llama`) folds through the first two functions itself.
 """
 from __future__ import annotations
 
