@@ -36,8 +36,8 @@ def advance(seconds: float) -> None:
 
 
 def install_clock() -> None:
-    from dflash2.decoding.proposer import DraftProposer
-    from dflash2.decoding.verifier import TargetAdapter
+    from dflash2.decoding.proposers.draft import DraftProposer
+    from dflash2.decoding.target.verifier import TargetAdapter
 
     time.perf_counter = fake_perf_counter
     for cls, name in ((TargetAdapter, "step"), (TargetAdapter, "step_tree")):
@@ -71,7 +71,7 @@ def main() -> int:
     from policy_trace import cycle_of
 
     from dflash2.data.prompts import load_conversations
-    from dflash2.decoding.engine import GenerationConfig
+    from dflash2.decoding.loop.engine import GenerationConfig
     from dflash2.pipeline import load_decoder
     from dflash2.targets.chat import encode_messages
 

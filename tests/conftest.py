@@ -14,10 +14,10 @@ import torch
 
 import random
 
-from dflash2.decoding.engine import SpeculativeDecoder
-from dflash2.decoding.cycle import Choice, CyclePlan
+from dflash2.decoding.loop.engine import SpeculativeDecoder
+from dflash2.decoding.policy.cycle import Choice, CyclePlan
 from dflash2.decoding.policy import SpeculationPolicy
-from dflash2.decoding.proposer import Proposal
+from dflash2.decoding.proposers.draft import Proposal
 from dflash2.targets.tiny import tiny_draft, tiny_target
 
 TEST_DEVICE = torch.device(os.environ.get("DFLASH2_TEST_DEVICE", "cpu"))

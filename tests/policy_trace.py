@@ -14,8 +14,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from dflash2.decoding.costs import CostModel
-from dflash2.decoding.cycle import LATTICE, Choice, CycleRecord, Offer
+from dflash2.decoding.policy.costs import CostModel
+from dflash2.decoding.policy.cycle import LATTICE, Choice, CycleRecord, Offer
 from dflash2.decoding.policy import SpeculationPolicy
 
 BLOCK = 8

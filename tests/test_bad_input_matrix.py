@@ -145,7 +145,7 @@ CASES = {
         Case((*G, "--target", "target-junk"), "target-junk"),
         Case((*G, "--target", "afile.txt"), "unknown target 'afile.txt'"),
         Case((*G, "--target", "no/such-model"), "'no/such-model'"),
-        Case((*G, *T, "--no-draft"), "interrupted", 130, _interrupt("dflash2.decoding.engine:SpeculativeDecoder.decode_events"),
+        Case((*G, *T, "--no-draft"), "interrupted", 130, _interrupt("dflash2.decoding.loop.engine:SpeculativeDecoder.decode_events"),
              loads=True, chatter="#"),
     ],
     "init-draft": [
@@ -247,7 +247,7 @@ CASES = {
               "100000"), "--max-new-tokens 100000: the longest prompt does not fit"),
         Case(("regenerate", *T, "--source", "synthetic", "--out", "new", "--num-prompts", "2", "--no-progress",
               "--max-new-tokens", "16"), "interrupted; finished records are saved", 130,
-             _interrupt("dflash2.decoding.engine:DecodeSession.step"), loads=True, writes=True,
+             _interrupt("dflash2.decoding.loop.engine:DecodeSession.step"), loads=True, writes=True,
              chatter="dflash2 regenerate: "),
     ],
     "bench": [

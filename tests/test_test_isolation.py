@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from dflash2.cache import cache_dir
-from dflash2.decoding.engine import GenerationConfig
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.pipeline import tiny_pipeline
 
 

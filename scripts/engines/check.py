@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from dflash2.decoding.engine import GenerationConfig
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.eval import engine_peers
 from dflash2.export import ExportSettings, export_draft
 from dflash2.export.acceptance_cost import classical_decoder, measurement_prompts

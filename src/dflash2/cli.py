@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_generate(args) -> int:
     import torch
 
-    from dflash2.decoding.engine import GenerationConfig
+    from dflash2.decoding.loop.engine import GenerationConfig
     from dflash2.machine import check_threads
     from dflash2.eval.compare import compare
     from dflash2.pipeline import prepare_decoder

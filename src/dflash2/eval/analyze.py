@@ -42,11 +42,11 @@ from dflash2.provenance import git_commit, machine_info, machine_line
 from dflash2.targets.chat import first_turns
 from dflash2.model.draft import apply_rope, rope_cos_sin
 from dflash2.model.mask import block_visibility
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.errors import require
 from dflash2.pipeline import Pipeline
-from dflash2.decoding.proposer import DraftProposer
-from dflash2.decoding.timing import Stopwatch
+from dflash2.decoding.proposers.draft import DraftProposer
+from dflash2.decoding.loop.timing import Stopwatch
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from tqdm import tqdm
 
 from dflash2.argparsing import ModelSettings, OneLineParser, add_model_arguments, parse_list
 from dflash2.data.prompts import BENCHMARKS, load_conversations
-from dflash2.decoding.engine import PROPOSERS, GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import PROPOSERS, GenerationConfig, SpeculativeDecoder
 from dflash2.errors import DFlash2Error, require
 from dflash2.eval import engine_peers
 from dflash2.eval import peers as peer_runs

@@ -21,7 +21,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.policy import SpeculationPolicy
 from dflash2.errors import DFlash2Error, require
 from dflash2.argparsing import ModelSettings, add_model_arguments, parse_list

@@ -19,10 +19,10 @@ import torch
 from tqdm import tqdm
 
 from dflash2.targets.chat import encode_prompt
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.pipeline import load_decoder
-from dflash2.decoding.proposer import DraftProposer
-from dflash2.decoding.timing import Stopwatch
+from dflash2.decoding.proposers.draft import DraftProposer
+from dflash2.decoding.loop.timing import Stopwatch
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 

@@ -33,8 +33,8 @@ from dflash2.data.holdout import is_held_out
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
 from dflash2.argparsing import OneLineParser, add_recalibrate_argument, apply_recalibrate
 from dflash2.data.shards import load_manifest, read_records
-from dflash2.decoding.engine import GenerationConfig
-from dflash2.decoding.proposer import DRAFT_PHASES
+from dflash2.decoding.loop.engine import GenerationConfig
+from dflash2.decoding.proposers.draft import DRAFT_PHASES
 from dflash2.errors import DFlash2Error, require
 from dflash2.fileio import atomic_write, require_writable
 from dflash2.model.draft import DFlash2DraftModel

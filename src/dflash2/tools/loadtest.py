@@ -330,7 +330,7 @@ def summarise(mode: str, clients: int, level: Level) -> dict:
 def references(settings: LoadSettings, prompts: list[str]) -> list[list[int]]:
     """The engine alone on each prompt (plain greedy decoding: the target's own answer)."""
     # the engine (torch, transformers, the targets) loads here, only when a run checks answers
-    from dflash2.decoding.engine import GenerationConfig
+    from dflash2.decoding.loop.engine import GenerationConfig
     from dflash2.pipeline import load_decoder, tiny_pipeline
 
     if settings.tiny:
