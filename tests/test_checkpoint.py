@@ -112,7 +112,7 @@ def test_save_is_atomic_when_writing_fails(tmp_path, tiny_models, monkeypatch):
     target, draft = tiny_models["llama"]
     draft.save_pretrained(tmp_path / "d")
     before = (tmp_path / "d" / "model.safetensors").read_bytes()
-    import dflash2.tensorfiles as tensorfiles
+    import dflash2.files.tensorfiles as tensorfiles
 
     def failing_save(*args, **kwargs):
         raise OSError("disk full")

@@ -49,14 +49,14 @@ from dflash2.decoding.loop.context import check_context, effective_block_size
 from dflash2.decoding.loop.engine import LOOKUP_BLOCK_SIZE, PROPOSERS, GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.policy import SPECULATE_MODES
 from dflash2.decoding.target.verifier import TargetAdapter, context_limit
-from dflash2.dtypes import parse_dtype
+from dflash2.runtime.dtypes import parse_dtype
 from dflash2.errors import DFlash2Error, require
-from dflash2.machine import require_memory
+from dflash2.runtime.machine import require_memory
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape, target_text_config
-from dflash2.provenance import cpu_has_native_bf16
+from dflash2.runtime.provenance import cpu_has_native_bf16
 from dflash2.targets.builtin import (BUILTIN_TARGETS, TargetFiles, TargetShape, builtins_shaped, load_target_model,
                                      open_target)
 from dflash2.targets.chat import choose_mask_token, stop_token_ids

@@ -27,7 +27,7 @@ from dflash2.errors import DFlash2Error, require
 from dflash2.argparsing import ModelSettings, add_model_arguments, parse_list
 from dflash2.data.prompts import load_conversations
 from dflash2.pipeline import build_pipeline
-from dflash2.provenance import cpu_model
+from dflash2.runtime.provenance import cpu_model
 from dflash2.targets.chat import first_turns
 
 PHASES = ("verify", "draft", "draft_head", "selector", "accept", "realign", "host", "policy")

@@ -31,7 +31,7 @@ Contract:
   config)` yields the `Event`s of a batch as decoding goes.
 - Greedy output equals the target's greedy output token for token; sampled output follows the
   target's processed distribution exactly (see `acceptance.py`; a lookup token is a point-mass
-  draft), in every mode, for every proposer and for any number of verified drafts. A row's random numbers depend only on its seed (`dflash2.rng`).
+  draft), in every mode, for every proposer and for any number of verified drafts. A row's random numbers depend only on its seed (`dflash2.runtime.rng`).
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ from dflash2.decoding.proposers.tree import kept_nodes, path_nodes, tree_greedy_
 from dflash2.decoding.target.verifier import TargetAdapter
 from dflash2.errors import require
 from dflash2.model.draft import DFlash2DraftModel
-from dflash2.rng import ACCEPT, TOKEN, row_seed, sample_from, uniforms
+from dflash2.runtime.rng import ACCEPT, TOKEN, row_seed, sample_from, uniforms
 
 
 PROPOSERS = ("draft", "lookup", "hybrid")
