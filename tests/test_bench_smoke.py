@@ -178,9 +178,9 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
 
 
 def test_cycle_profile_accounts_for_the_whole_cycle(capsys, tmp_path):
-    """`python -m dflash2.eval.cycles`: per-phase milliseconds add up to the cycle (plus "other"),
+    """`python -m dflash2.tools.profile.cycles`: per-phase milliseconds add up to the cycle (plus "other"),
     and the cycle is also expressed in plain decoding steps."""
-    from dflash2.eval import cycles
+    from dflash2.tools.profile import cycles
 
     out = tmp_path / "cycles.json"
     assert cycles.main(["--tiny", "--speculate", "always", "--batch", "1,3", "--new-tokens", "12", "--json", str(out)]) == 0
