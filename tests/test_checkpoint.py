@@ -112,12 +112,12 @@ def test_save_is_atomic_when_writing_fails(tmp_path, tiny_models, monkeypatch):
     target, draft = tiny_models["llama"]
     draft.save_pretrained(tmp_path / "d")
     before = (tmp_path / "d" / "model.safetensors").read_bytes()
-    import dflash2.files.tensorfiles as tensorfiles
+    import dflash2.files.weights as weight_files
 
     def failing_save(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(tensorfiles, "save_file", failing_save)
+    monkeypatch.setattr(weight_files, "save_file", failing_save)
     for path in (tmp_path / "d", tmp_path / "new"):  # into an existing directory, and a new one
         with pytest.raises(OSError):
             draft.save_pretrained(path)

@@ -42,8 +42,7 @@ from dflash2.errors import DFlash2Error, require
 from dflash2.files.atomic import atomic_directory, atomic_file, atomic_write
 from dflash2.model.selector import CandidateSelector
 from dflash2.model.swiglu import SwiGLU
-from dflash2.files.weights import require_finite, safetensors_header
-from dflash2.files.tensorfiles import save_safetensors
+from dflash2.files.weights import require_finite, safetensors_header, save_safetensors
 from dflash2.files.userjson import parse_json
 
 
