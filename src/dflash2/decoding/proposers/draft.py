@@ -20,7 +20,7 @@ Contract:
   times the row's temperature: a sharper distribution than the draft's own, which the target's
   acceptance of sampled tokens prefers (measured on the recipe yardstick's T=1, top-p 0.95,
   top-k 20: tau +0.070 and +0.064 with the drafts of steps 300 and 375 of the 2026-12-02 campaign;
-  0.5 / 0.85 / 1.3 gave +0.013 / +0.032 / 0.000; BENCHMARKS.md section 11). Exactness does not
+  0.5 / 0.85 / 1.3 gave +0.013 / +0.032 / 0.000; BENCHMARKS.md section 3.2). Exactness does not
   depend on it: the returned q is the distribution the tokens were drawn from, which is what the
   acceptance rule divides by. Greedy rows are unaffected.
 - `lattice=True` (a draft with a selector): the proposal also carries the lattice's second path
