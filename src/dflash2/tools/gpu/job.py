@@ -321,7 +321,7 @@ def check_lossless(target_model, draft_dir: Path, prompts: list[list[int]], max_
     draft = DFlash2DraftModel.from_pretrained(draft_dir, device=device)
     config = GenerationConfig(max_new_tokens=max_new_tokens)
     spec = SpeculativeDecoder(TargetAdapter(target_model, draft.config.target_layer_ids), draft, "always")
-    plain = SpeculativeDecoder(TargetAdapter(target_model))
+    plain = spec.variant(speculate="never")
     return [r.tokens for r in spec.generate(prompts, config)] == [r.tokens for r in plain.generate(prompts, config)]
 
 
