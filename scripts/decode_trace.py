@@ -37,7 +37,7 @@ def advance(seconds: float) -> None:
 
 def install_clock() -> None:
     from dflash2.decoding.proposers.draft import DraftProposer
-    from dflash2.decoding.target.verifier import TargetAdapter
+    from dflash2.decoding.verifier.adapter import TargetAdapter
 
     time.perf_counter = fake_perf_counter
     for cls, name in ((TargetAdapter, "step"), (TargetAdapter, "step_tree")):

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 from dflash2.cli import main
 from dflash2.data.shards import load_manifest, read_records
 from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.target.verifier import TargetAdapter
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.tools.profile import rollback
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel

@@ -16,7 +16,7 @@ from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.policy.cycle import LATTICE, Choice, CyclePlan, CycleRecord, Offer
 from dflash2.decoding.policy import SpeculationPolicy
 from dflash2.decoding.proposers.draft import Proposal
-from dflash2.decoding.target.verifier import TargetAdapter
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.model.selector import SecondPath
 from dflash2.targets.tiny import tiny_draft, tiny_target
 from test_lookup import NEW_TOKENS, VOCAB, reference

@@ -20,7 +20,7 @@ from dflash2.decoding.policy import SpeculationPolicy
 from dflash2.decoding.policy.expectation import tree_options
 from dflash2.decoding.proposers.draft import Proposal
 from dflash2.decoding.proposers.tree import kept_nodes, pack_tree, tree_greedy_accept, tree_nodes
-from dflash2.decoding.target.verifier import TargetAdapter
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.targets.tiny import tiny_draft, tiny_target
 from test_lookup import NEW_TOKENS, VOCAB, reference
 

@@ -49,7 +49,7 @@ from dflash2.decoding.loop.context import check_context
 from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.proposers import kinds
 from dflash2.decoding.policy import SPECULATE_MODES
-from dflash2.decoding.target.verifier import TargetAdapter, context_limit
+from dflash2.decoding.verifier.adapter import TargetAdapter, context_limit
 from dflash2.runtime.dtypes import parse_dtype
 from dflash2.errors import DFlash2Error, require
 from dflash2.runtime.machine import require_memory

@@ -16,7 +16,7 @@ The face below is what commands and users import.
 from dflash2.decoding.loop.engine import DecodeSession, Event, GenerationConfig, GenerationResult, SpeculativeDecoder
 from dflash2.decoding.policy import SPECULATE_MODES, SpeculationPolicy
 from dflash2.decoding.proposers.kinds import PROPOSERS
-from dflash2.decoding.target.verifier import TargetAdapter
+from dflash2.decoding.verifier.adapter import TargetAdapter
 
 __all__ = ["DecodeSession", "Event", "GenerationConfig", "GenerationResult", "PROPOSERS", "SPECULATE_MODES",
            "SpeculationPolicy", "SpeculativeDecoder", "TargetAdapter"]

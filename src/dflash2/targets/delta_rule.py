@@ -14,7 +14,7 @@ Contract:
   position's state took 8 % longer than the model's chunked kernel in bf16). Outside
   `capturing()` (prefills, training, `generate()`) the model's own kernel runs.
 - `fast_kernels()`: whether flash-linear-attention and causal-conv1d are importable.
-The cache layer that keeps the trail is `decoding.target.recurrent.RecurrentLayer`.
+The cache layer that keeps the trail is `decoding.verifier.recurrent.RecurrentLayer`.
 """
 from __future__ import annotations
 

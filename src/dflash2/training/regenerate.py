@@ -48,11 +48,11 @@ from dflash2.targets.chat import encode_prompt, stop_token_ids
 from dflash2.decoding.loop.context import check_context
 from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.proposers.kinds import block_size, decoder_default
-from dflash2.decoding.target.verifier import context_limit
+from dflash2.decoding.verifier.adapter import context_limit
 from dflash2.model.shape import target_text_config
 from dflash2.errors import DFlash2Error, require
 from dflash2.data.shards import Record, ShardWriter
-from dflash2.decoding.target.verifier import TargetAdapter
+from dflash2.decoding.verifier.adapter import TargetAdapter
 
 say = partial(command_say, who="dflash2 regenerate")
 

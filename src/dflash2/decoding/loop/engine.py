@@ -61,7 +61,7 @@ from dflash2.decoding.loop.sampling import RowSampling
 from dflash2.decoding.loop.stats import BatchTiming, Commit, RowStats
 from dflash2.decoding.loop.timing import CycleTimer, Stopwatch
 from dflash2.decoding.proposers.tree import kept_nodes, path_nodes, tree_greedy_accept
-from dflash2.decoding.target.verifier import TargetAdapter
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.errors import SettingError, require
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.runtime.rng import ACCEPT, TOKEN, row_seed, sample_from, uniforms

@@ -42,7 +42,7 @@ from dflash2.decoding.loop.acceptance import dense_q
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.selector import SecondPath
 from dflash2.model.mask import block_visibility
-from dflash2.decoding.target.ragged import compaction_index, worth_compacting
+from dflash2.decoding.verifier.ragged import compaction_index, worth_compacting
 from dflash2.decoding.loop.timing import Stopwatch
 from dflash2.runtime.rng import DRAFT, sample_from, uniforms
 

@@ -1,6 +1,6 @@
 """`python -m dflash2.tools.profile.rollback`: what rolling back a hybrid target's recurrent state costs.
 
-Contract: on one target (a hybrid: `decoding/target/recurrent.py`), for each batch size b, a batch of b
+Contract: on one target (a hybrid: `decoding/verifier/recurrent.py`), for each batch size b, a batch of b
 prompts is prefilled and then `--repeats` verify cycles are timed, each a step of `--block` tokens
 followed by `keep(counts)` with counts drawn uniformly from 1..block per row (rows roll back to
 different positions). Reported medians, milliseconds: the verify step with per-position capture

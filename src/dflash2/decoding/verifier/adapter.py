@@ -49,9 +49,9 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from dflash2.errors import require
-from dflash2.decoding.target import recurrent
-from dflash2.decoding.target.kvcache import SlotLayer
-from dflash2.decoding.target.ragged import compaction_index, right_align, worth_compacting
+from dflash2.decoding.verifier import recurrent
+from dflash2.decoding.verifier.kvcache import SlotLayer
+from dflash2.decoding.verifier.ragged import compaction_index, right_align, worth_compacting
 from dflash2.targets.delta_rule import capturing
 
 
