@@ -9,7 +9,7 @@ Rooms (imports run from the loop down to the others):
   (`SpeculationPolicy`), their records (`cycle`), the cost model and its stored calibration.
 - `proposers/`: where proposed tokens come from: the draft model (`draft`), lookup (`lookup`),
   token trees (`tree`), and which proposer and block size a decoder gets (`kinds`).
-- `target/`: the verifier side: `TargetAdapter` (`verifier`), its in-place KV cache (`kvcache`),
+- `verifier/`: the target side: `TargetAdapter` (`adapter`), its in-place KV cache (`kvcache`),
   ragged left-padded batches (`ragged`), hybrid targets' recurrent state (`recurrent`).
 The face below is what commands and users import.
 """

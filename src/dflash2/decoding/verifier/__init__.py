@@ -1,6 +1,6 @@
 """The target side: a Hugging Face causal LM as the verifier of speculative decoding.
 
-- `verifier`: `TargetAdapter`, one batch in one left-padded KV cache: prefill, add rows, verify a
+- `adapter`: `TargetAdapter`, one batch in one left-padded KV cache: prefill, add rows, verify a
   block or a token tree, keep each row's accepted tokens (roll back the rest), drop rows.
 - `kvcache`: `SlotLayer`, a cache layer that appends in place (rejected slots stay as masked holes).
 - `ragged`: the arithmetic of left-padded ragged batches (re-aligning rows, compacting holes).
