@@ -89,9 +89,6 @@ class RandomLengthPolicy(SpeculationPolicy):
             lengths.append(min(k, n))
         return Choice(max(lengths, default=0), 0.0, 0.0, tuple(sources), tuple(lengths))
 
-    def observe(self, record):
-        pass
-
 
 def policy_choice(policy: SpeculationPolicy, b: int, offer, block: int = 8, probe: bool = False,
                   draft_seconds: float | None = None) -> Choice:
