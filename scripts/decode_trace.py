@@ -37,7 +37,7 @@ def advance(seconds: float) -> None:
 
 def install_clock() -> None:
     from dflash2.decoding.proposers.draft import DraftProposer
-    from dflash2.decoding.target.verifier import TargetAdapter
+    from dflash2.decoding.verifier.adapter import TargetAdapter
 
     time.perf_counter = fake_perf_counter
     for cls, name in ((TargetAdapter, "step"), (TargetAdapter, "step_tree")):
@@ -53,10 +53,6 @@ def install_clock() -> None:
         advance(0.012 + 0.001 * anchors.shape[0])
         return propose(self, anchors, *args, **kwargs)
     DraftProposer.propose = timed_propose
-
-
-def fallback_left(policy) -> int:
-    return policy.plain_left
 
 
 def main() -> int:
@@ -82,16 +78,16 @@ def main() -> int:
                for cs in convs.values() for c in cs[:2]]
     trace = {}
     for proposer in ("draft", "lookup", "hybrid"):
-        decoder = pipe.decoder_for(proposer)
+        own = pipe.decoder_for(proposer)
         for temperature in (0.0, 1.0):
             for batch in (1, 3):
-                decoder.policy = decoder.policy.fresh()
+                decoder = own.variant()          # the same cost model, nothing learnt of the proposers
                 cycles = []
                 observe = decoder.policy.observe
 
                 def recording(record, _observe=observe, _policy=decoder.policy, _cycles=cycles):
                     _observe(record)
-                    _cycles.append(cycle_of(record, record.drafted, fallback_left(_policy)))
+                    _cycles.append(cycle_of(record, record.drafted, _policy.fallback.left))
                 decoder.policy.observe = recording
                 config = GenerationConfig(max_new_tokens=args.tokens, temperature=temperature, top_p=0.95, top_k=20,
                                           seed=7, stop_token_ids=pipe.stop_token_ids)

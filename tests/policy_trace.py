@@ -5,9 +5,10 @@ offers and acceptances come from seeded random numbers (the same world whatever 
 as long as it makes the same choices).
 
 `policy_trace()` -> one list of cycle tuples per scenario (`SCENARIOS`). The recorded trace of the
-policy as it was before a rewrite is tests/fixtures/policy_trace.json; test_policy_trace.py
-compares. `cycle_of(record, fallback_left)` is the tuple one cycle leaves (also used for traces of
-whole decodes, scripts/decode_trace.py).
+policy as it was before its rewrite as a pure chooser and one learner is
+tests/fixtures/policy_trace.json.gz; test_policy_trace.py compares. `cycle_of(record, plan_draft,
+fallback_left)` is the tuple one cycle leaves (also used for traces of whole decodes,
+scripts/decode_trace.py).
 """
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import random
 from dataclasses import dataclass
 
 from dflash2.decoding.policy.costs import CostModel
-from dflash2.decoding.policy.cycle import LATTICE, Choice, CycleRecord, Offer
+from dflash2.decoding.policy.cycle import LATTICE, CycleRecord, Offer
 from dflash2.decoding.policy import SpeculationPolicy
+from dflash2.decoding.policy.chooser import unmeasured
 
 BLOCK = 8
 
@@ -109,17 +111,25 @@ class World:
         return [min(0.98, c * self.draft_quality()) for c in confidence]
 
 
-def _nothing(b: int) -> Choice:
-    return Choice(0, float(b), 0.0, ("",) * b, (0,) * b)
+class MemoryStore:
+    """What the engine's stored calibration does after every cycle (`StoredCalibration.refresh`), in memory."""
+
+    def refresh(self, costs: CostModel) -> bool:
+        if costs.stale():
+            costs.adopt_observed()
+            return True
+        return False
 
 
 def _g(x: float) -> float:
     return float(f"{x:.10g}")
 
 
-def cycle_of(record: CycleRecord, plan_draft: bool, fallback_left: int) -> list:
+def cycle_of(record: CycleRecord, allowed: bool, fallback_left: int) -> list:
+    """`allowed`: the plan allowed the draft pass (`auto`: neither a fallback nor an untimed batch size;
+    whether it ran, after `worth_drafting`, is `record.drafted`)."""
     c = record.choice
-    return [int(plan_draft), int(record.probe), int(record.drafted), c.k, list(c.sources), list(c.lengths),
+    return [int(allowed), int(record.plan.probe), int(record.drafted), c.k, list(c.sources), list(c.lengths),
             [list(x) for x in c.branches], [c.second_source(r) if s == "tree" else "" for r, s in enumerate(c.sources)],
             _g(c.baseline), _g(c.rate), list(record.accepted), fallback_left]
 
@@ -130,6 +140,7 @@ def run(s: Scenario) -> list[list]:
     if s.calibration:
         costs.load_calibration(world.calibration())
     policy = SpeculationPolicy(s.mode if s.proposer else "never", costs, sources=2 if s.proposer == "hybrid" else 1)
+    costs.store = MemoryStore()
     speculating = s.mode != "never"         # the engine makes no proposer then
     has_draft = speculating and s.proposer in ("draft", "hybrid")
     has_lookup = speculating and s.proposer in ("lookup", "hybrid")
@@ -137,14 +148,14 @@ def run(s: Scenario) -> list[list]:
     trace = []
     for cycle in range(s.cycles):
         world.cycle, b = cycle, s.b
-        plan = policy.plan(b)
         lookups = world.lookup_offer() if has_lookup else None
         offer = Offer.of(world.greedy, lookup=lookups, remaining=remaining) if has_lookup else \
             Offer(world.greedy, remaining=remaining)
+        plan = policy.prepare(b, offer, BLOCK, can_draft=has_draft)
+        allowed = {"always": True, "never": False}.get(s.mode, not plan.fallback and not unmeasured(costs, policy.settings, b))
         drafted, draft_s, shared, forks = False, 0.0, None, None
-        if plan.draft and has_draft and policy.worth_drafting(b, offer, BLOCK):
+        if plan.draft:
             drafted, draft_s = True, world.draft_seconds(b)
-            policy.drafted(b, draft_s)
             confidence = world.draft_offer()
             if s.trees and lookups is not None:
                 shared = [world.rng.choice([0, 0, 1, 2, 3]) if row else None for row in lookups]
@@ -154,7 +165,7 @@ def run(s: Scenario) -> list[list]:
                 forks = [world.rng.choice([None, 1, 2, 4]) for _ in range(b)]
                 lattice = [[round(world.rng.uniform(0.2, 0.9), 3) for _ in range(BLOCK - 1)] for _ in range(b)]
             offer = Offer.of(offer.greedy, confidence, offer.lookup, shared, offer.remaining, lattice, forks)
-        choice = policy.choose(b, offer, BLOCK, plan.probe) if offer.sources() else _nothing(b)
+        choice = plan.choose(offer, draft_s)
         verified, accepted, branch_accepted = [], [], {}
         for r, (source, n) in enumerate(zip(choice.sources, choice.lengths)):
             verified.append(n)
@@ -182,12 +193,10 @@ def run(s: Scenario) -> list[list]:
                 accepted.append(world.accept_run(world.true_p(source, confidence)[:n]))
         width = 1 + max(verified) if choice.has_tree else choice.k + 1
         verify_s = world.verify(b, width)
-        record = CycleRecord(b, offer, choice, drafted, plan.probe, verified, accepted, width, draft_s, verify_s,
+        record = CycleRecord(b, offer, plan, choice, drafted, verified, accepted, width, draft_s, verify_s,
                              0.0004 * b, branch_accepted=branch_accepted)
         policy.observe(record)
-        if costs.stale():          # what the engine's stored calibration does (`StoredCalibration.refresh`)
-            costs.adopt_observed()
-        trace.append(cycle_of(record, plan.draft, policy.plain_left))
+        trace.append(cycle_of(record, allowed, policy.fallback.left))
         if remaining is not None:
             remaining = [x - a - 1 for x, a in zip(remaining, accepted)]
             if min(remaining) <= 0:

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.target.verifier import TargetAdapter
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.pipeline import Pipeline
 from dflash2.serve.command import bind, make_server, url_of
 from dflash2.serve.settings import ServeSettings
@@ -126,3 +126,17 @@ def start_server_process(tmp_path: Path, *options: str, api_key: str = "from-env
             pass
         assert time.time() < deadline
         time.sleep(0.1)
+
+
+def stream_tokens(api, model: str, prompt: str, max_tokens: int, barrier: threading.Barrier, after: int):
+    """A streamed completion's token ids and final finish reason, waiting at `barrier` once `after`
+    chunks have come (so several streams are known to be running at once)."""
+    chunks = api.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, stream=True,
+                                    extra_body={"return_token_ids": True})
+    tokens, reasons = [], []
+    for n, chunk in enumerate(chunks):
+        tokens += chunk.choices[0].token_ids or []
+        reasons.append(chunk.choices[0].finish_reason)
+        if n == after:
+            barrier.wait(timeout=60)
+    return tokens, reasons[-1]

@@ -9,7 +9,7 @@ import torch
 from dflash2.model.config import DFlash2Config, default_target_layer_ids
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.target.verifier import TargetAdapter
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.targets.tiny import tiny_draft
 
 QWEN38_27B_DRAFT = {

@@ -171,7 +171,7 @@ def test_responses_are_the_targets_greedy_output(tmp_path, target, batch_size):
 def test_a_running_batch_sheds_the_padding_of_finished_rows(target):
     import torch
 
-    from dflash2.decoding.target.verifier import TargetAdapter
+    from dflash2.decoding.verifier.adapter import TargetAdapter
 
     adapter = TargetAdapter(target, None)
     long, short = [1] + list(range(3, 43)), [1, 5, 6]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from conftest import OracleDecoder
 from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.loop.stats import RowStats
-from dflash2.decoding.target.verifier import TargetAdapter
+from dflash2.decoding.verifier.adapter import TargetAdapter
 
 BLOCK = 4
 FULL_CYCLES = 3

@@ -20,7 +20,8 @@ up at exit: `dflash2 generate`).
 analyze, cycles, ablation; `pipeline.build_pipeline` loads it). `add_recalibrate_argument(p)` is
 the one `--recalibrate` of every command that decodes (generate, bench, analyze, cycles,
 yardstick, serve); `apply_recalibrate(args)` passes it on to the cost model's calibration store. `parse_list(text, what)` splits a
-comma-separated option, refusing an empty one.
+comma-separated option, refusing an empty one. `say(message, who)`: one progress line of a command
+on stderr, `who: message`, written around any progress bar on the screen.
 """
 from __future__ import annotations
 
@@ -169,6 +170,12 @@ def add_recalibrate_argument(parser) -> None:
 def apply_recalibrate(args: argparse.Namespace) -> None:
     if getattr(args, "recalibrate", False):
         os.environ[RECALIBRATE_ENV] = "1"
+
+
+def say(message: str, who: str = "dflash2") -> None:
+    from tqdm import tqdm
+
+    tqdm.write(f"{who}: {message}", file=sys.stderr)
 
 
 def parse_list(text: str, what: str) -> list[str]:

@@ -27,8 +27,10 @@ import json
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
+
+
+from protocol import answer
 
 
 def log(message: str) -> None:
@@ -129,19 +131,5 @@ def run(request: dict) -> dict:
             "datasets": datasets}
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: mlx_runner.py RESULT.json < request.json", file=sys.stderr)
-        return 2
-    try:
-        result = run(json.load(sys.stdin))
-    except BaseException as err:  # the caller reports any failure in its results
-        result = {"ok": False, "error": " ".join(f"{type(err).__name__}: {err}".split())[:600],
-                  "traceback": traceback.format_exc()[-4000:]}
-    with open(argv[0], "w", encoding="utf-8") as handle:
-        json.dump(result, handle)
-    return 0 if result["ok"] else 1
-
-
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(answer(run, sys.argv[1:], "mlx_runner.py"))

@@ -22,10 +22,11 @@ Progress goes to stderr.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
-import traceback
+
+
+from protocol import answer
 
 
 def log(message: str) -> None:
@@ -109,19 +110,5 @@ def run(request: dict) -> dict:
             "datasets": results}
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: reference_runner.py RESULT.json < request.json", file=sys.stderr)
-        return 2
-    try:
-        result = run(json.load(sys.stdin))
-    except BaseException as err:  # the caller reports any failure in its results, so catch everything
-        message = " ".join(f"{type(err).__name__}: {err}".split())[:600]
-        result = {"ok": False, "error": message, "traceback": traceback.format_exc()[-4000:]}
-    with open(argv[0], "w", encoding="utf-8") as handle:
-        json.dump(result, handle)
-    return 0 if result["ok"] else 1
-
-
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(answer(run, sys.argv[1:], "reference_runner.py"))

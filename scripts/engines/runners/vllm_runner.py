@@ -22,15 +22,15 @@ first step is the prefill, whose token is output but not a verification, so it i
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-import traceback
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from protocol import answer  # noqa: E402  (after the environment the vLLM import reads)
 
 
 def log(message: str) -> None:
@@ -96,19 +96,5 @@ def run(request: dict) -> dict:
             "datasets": datasets}
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: vllm_runner.py RESULT.json < request.json", file=sys.stderr)
-        return 2
-    try:
-        result = run(json.load(sys.stdin))
-    except BaseException as err:  # the caller reports any failure in its results
-        result = {"ok": False, "error": " ".join(f"{type(err).__name__}: {err}".split())[:600],
-                  "traceback": traceback.format_exc()[-4000:]}
-    with open(argv[0], "w", encoding="utf-8") as handle:
-        json.dump(result, handle)
-    return 0 if result["ok"] else 1
-
-
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(answer(run, sys.argv[1:], "vllm_runner.py"))

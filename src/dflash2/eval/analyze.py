@@ -42,7 +42,7 @@ from dflash2.runtime.provenance import git_commit, machine_info, machine_line
 from dflash2.targets.chat import first_turns
 from dflash2.model.draft import apply_rope, rope_cos_sin
 from dflash2.model.mask import block_visibility
-from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.errors import require
 from dflash2.pipeline import Pipeline
 from dflash2.decoding.proposers.draft import DraftProposer
@@ -301,7 +301,7 @@ def run_analysis(pipe: Pipeline, args: AnalyzeSettings) -> dict:
     prompts = [p for convs in conversations.values() for p in first_turns(convs, pipe.tokenizer)]
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop_token_ids=tuple(pipe.stop_token_ids),
                               seed=args.model.seed)
-    ar = SpeculativeDecoder(pipe.decoder.target)
+    ar = pipe.decoder.variant(speculate="never")
     sequences = []
     for ids in tqdm(prompts, desc="target greedy continuations", unit="prompt"):
         sequences.append((len(ids), ids + ar.generate([ids], config)[0].tokens))

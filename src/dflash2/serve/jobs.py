@@ -30,7 +30,7 @@ from typing import Callable
 
 from dflash2.decoding.loop.context import context_room
 from dflash2.decoding.loop.engine import GenerationConfig
-from dflash2.errors import ContextLimitError, DFlash2Error
+from dflash2.errors import ContextLimitError, DFlash2Error, SettingError
 from dflash2.serve.protocol import ApiError, ApiRequest, bad_request
 from dflash2.serve.settings import RequestDefaults
 from dflash2.serve.text import TextStream
@@ -209,8 +209,6 @@ def _check_fields(config: GenerationConfig, request: ApiRequest) -> None:
     for field, name in _CONFIG_FIELDS.items():
         try:
             GenerationConfig(**{name: getattr(config, name)}).validate()
-        except DFlash2Error as err:
+        except SettingError as err:
             shown = request.max_tokens_field if field == "max_tokens" else field
-            detail = str(err)
-            detail = detail[len(name):] if detail.startswith(name + " ") else ": " + detail
-            raise bad_request(f"'{shown}'{detail}.", shown) from None
+            raise bad_request(f"'{shown}' {err.problem}.", shown) from None

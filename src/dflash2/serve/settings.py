@@ -9,7 +9,8 @@ Contract:
   timeout, the request-size limit and the defaults. Frozen: the server reads it, never changes it.
 - `validate()` raises `DFlash2Error` with one line naming the offending option (as the command
   line spells it); the generation defaults are checked by the engine's own rule
-  (`GenerationConfig.validate`), so a default can never be something a request could not ask for.
+  (`GenerationConfig.validate`, whose `SettingError` names the field), so a default can never be
+  something a request could not ask for.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 
 from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.decoding.policy import SPECULATE_MODES
-from dflash2.errors import DFlash2Error, require
+from dflash2.errors import DFlash2Error, SettingError, require
 from dflash2.runtime.machine import check_threads
 
 API_KEY_ENV = "DFLASH2_API_KEY"
@@ -42,12 +43,8 @@ class RequestDefaults:
                                   top_k=self.top_k, seed=0 if self.seed is None else self.seed)
         try:
             config.validate()
-        except DFlash2Error as err:
-            message = str(err)
-            for name, flag in _DEFAULT_FLAGS.items():
-                if message.startswith(name):
-                    message = flag + message[len(name):]
-            raise DFlash2Error(message) from None
+        except SettingError as err:
+            raise DFlash2Error(f"{_DEFAULT_FLAGS.get(err.name, err.name)} {err.problem}") from None
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from dflash2.errors import require
 from dflash2.files.atomic import atomic_write
-from dflash2.decoding.target.verifier import TargetAdapter
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.training.batches import Batch
 
 

@@ -37,20 +37,24 @@ import time
 import zlib
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from dflash2.argparsing import OneLineParser
+from dflash2.argparsing import OneLineParser, say as command_say
 from dflash2.targets.chat import encode_prompt, stop_token_ids
-from dflash2.decoding.loop.context import check_context, effective_block_size
+from dflash2.decoding.loop.context import check_context
 from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.target.verifier import context_limit
+from dflash2.decoding.proposers.kinds import block_size, decoder_default
+from dflash2.decoding.verifier.adapter import context_limit
 from dflash2.model.shape import target_text_config
 from dflash2.errors import DFlash2Error, require
 from dflash2.data.shards import Record, ShardWriter
-from dflash2.decoding.target.verifier import TargetAdapter
+from dflash2.decoding.verifier.adapter import TargetAdapter
+
+say = partial(command_say, who="dflash2 regenerate")
 
 
 @dataclass
@@ -59,13 +63,9 @@ class Prompt:
     tokens: list[int]
 
 
-def _say(message: str) -> None:
-    tqdm.write(f"dflash2 regenerate: {message}", file=sys.stderr)
-
-
 def check_fits_context(prompts: list[Prompt], files, draft, max_new_tokens: int) -> None:
     """The engine's context rule for the longest prompt, before the target's weights load."""
-    block = effective_block_size(None if draft is None else draft.config.block_size, None)
+    block = block_size(decoder_default(draft is not None), None if draft is None else draft.config.block_size, None)
     longest = max(len(p.tokens) for p in prompts) if prompts else 1
     try:
         check_context(longest, max_new_tokens, block, context_limit(target_text_config(files.config)))
@@ -132,7 +132,7 @@ def encode_training_prompts(tokenizer, num_prompts: int, seed: int = 0, source: 
             if len(prompts) == num_prompts:
                 break
     if len(prompts) < num_prompts:
-        _say(f"only {len(prompts)} prompts of {source} fit in {max_prompt_tokens} tokens; using them all")
+        say(f"only {len(prompts)} prompts of {source} fit in {max_prompt_tokens} tokens; using them all")
     return prompts
 
 
@@ -176,7 +176,7 @@ def _decode_into(decoder: SpeculativeDecoder, writer: ShardWriter, pending: list
             bar.set_postfix_str(f"{new_tokens / max(elapsed, 1e-9):.0f} tok/s", refresh=False)
             for shard in writer.manifest["shards"][shards_before:]:
                 eta = (len(pending) - decoded) * elapsed / decoded
-                _say(f"wrote {shard['file']} ({shard['records']} records, {writer.manifest['counts']['records']} "
+                say(f"wrote {shard['file']} ({shard['records']} records, {writer.manifest['counts']['records']} "
                      f"stored): {new_tokens / elapsed:.1f} tok/s, {decoded * 3600 / elapsed:.0f} records/h, "
                      f"{len(pending) - decoded} to go, ETA {eta / 3600:.2f} h")
     return new_tokens
@@ -205,7 +205,7 @@ def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_
         with ShardWriter(out_dir, manifest_fields, shard_size=shard_size, run=run) as writer:
             pending = [p for p in prompts if p.id not in writer.ids]
             stored_before = writer.manifest["counts"]["records"]
-            _say(f"{len(prompts)} prompts: {len(prompts) - len(pending)} already stored, {len(pending)} to "
+            say(f"{len(prompts)} prompts: {len(prompts) - len(pending)} already stored, {len(pending)} to "
                  f"generate into {out_dir}")
             started = time.perf_counter()
             new_tokens = _decode_into(decoder, writer, pending, progress, batch_size, stop_ids, seed,
@@ -220,7 +220,7 @@ def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_
                "tokens_per_second": round(new_tokens / elapsed, 1) if elapsed else 0.0,
                "shards": len(writer.manifest["shards"]),
                "prompts_left": sum(p.id not in writer.ids for p in prompts)}
-    _say(f"done: {json.dumps(summary)}")
+    say(f"done: {json.dumps(summary)}")
     return summary
 
 

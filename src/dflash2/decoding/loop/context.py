@@ -1,8 +1,6 @@
-"""The block-size and context rules of a decoding request: one home for both.
+"""The context rule of a decoding request (its block size: `proposers.kinds.block_size`).
 
 Contract:
-- `effective_block_size(draft_block, requested)`: tokens per cycle: 1 without a draft
-  (`draft_block` None), else the request's block size or the draft's own.
 - `context_room(prompt_tokens, block, limit)`: the most new tokens a request may ask for: the
   prompt, the new tokens and one block (the last cycle's drafts) must fit in the target's `limit`
   positions.
@@ -13,10 +11,6 @@ Contract:
 from __future__ import annotations
 
 from dflash2.errors import ContextLimitError
-
-
-def effective_block_size(draft_block: int | None, requested: int | None) -> int:
-    return 1 if draft_block is None else (requested or draft_block)
 
 
 def context_room(prompt_tokens: int, block: int, limit: int) -> int:

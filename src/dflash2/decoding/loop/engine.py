@@ -1,8 +1,9 @@
 """The speculative decoding loop (docs/spec.md §3), readable top to bottom.
 
 Contract:
-- `SpeculativeDecoder(target, draft=None, speculate="auto", proposer=None, suffix_store=None)`:
-  `target` is a `TargetAdapter`. `proposer` (a `PROPOSERS` value) says where proposed tokens come
+- `SpeculativeDecoder(target, draft=None, speculate="auto", proposer=None, suffix_store=None,
+  lattice=False, drafter=None)`:
+  `target` is a `TargetAdapter`. `proposer` (`proposers.kinds.PROPOSERS`) says where proposed tokens come
   from: `draft` (the draft model's block), `lookup` (`decoding.proposers.lookup`: what followed the row's
   latest tokens in its own prompt and output, and in `suffix_store`'s recent requests when one is
   shared; no draft needed), `hybrid` (both, each row of each cycle verifying the source the policy
@@ -14,15 +15,21 @@ Contract:
   a greedy row may verify beside the draft's path as a tree (`draft` and `hybrid`, same targets),
   priced by the policy like a lookup branch with a calibration of its own. `None`:
   `draft` with a draft, else no proposer: with neither (or `speculate="never"`) the same loop
-  decodes autoregressively, one target step per token: the honest baseline. `speculate` is a
+  decodes autoregressively, one target step per token: the honest baseline. `drafter` (a
+  `proposers.draft.Drafter`: a block size and a maker of the draft side) replaces the draft's own
+  proposer, e.g. an oracle that knows the answer. `speculate` is a
   `policy.SPECULATE_MODES` value: `auto` verifies only as many proposed tokens as pay for
   themselves and falls back to plain decoding when the draft does not pay; `always` verifies the
   whole block every cycle.
+- `variant(proposer=None, speculate=None)`: a sibling decoder (of the same class) over the same target (and draft),
+  with another proposer or speculation mode (None: this one's) and a policy that has learnt nothing
+  of the proposers (sharing the cost model when its proposer is this one's). Sessions of decoders
+  over one target take turns: a session refuses rows while another one's batch holds the target.
 - `session(fixed=False)` -> `DecodeSession`, a running batch: `add(prompts, config)` queues requests, which
   join at the next cycle boundary (their prefill merged into the ragged batch); `cancel(key)`
   drops one at the next boundary; `step()` runs one cycle and returns the `Event`s it produced.
   `fixed` (`generate`, `decode_events`): no request joins once it runs, so the policy minimises
-  the time until its last row ends (`decoding.policy.horizon`), not the tokens/s of a batch that refills.
+  the time until its last row ends (`decoding.policy.expectation`), not the tokens/s of a batch that refills.
   Every row keeps its own sampling settings, seed, stop tokens and length limit, and its own
   acceptance (rows that accept more advance more; the caches are re-aligned, never truncated to the
   slowest row). Stop tokens and `max_new_tokens` are honoured exactly, even mid-block.
@@ -44,24 +51,21 @@ import torch
 
 from dflash2.decoding.loop.acceptance import greedy_accept, sample_accept, target_probs
 from dflash2.decoding.loop.block import VerifyBlock, assemble
-from dflash2.decoding.policy.calibration import StoredCalibration, calibrate_cached
-from dflash2.decoding.loop.context import check_context, effective_block_size
+from dflash2.decoding.loop.context import check_context
 from dflash2.decoding.proposers.lookup import Lookup, LookupProposer, SuffixStore
-from dflash2.decoding.policy.cycle import Choice, CycleRecord, Offer
+from dflash2.decoding.policy.cycle import CycleRecord, Offer
 from dflash2.decoding.policy import SpeculationPolicy
-from dflash2.decoding.proposers.draft import DraftProposer, Proposal
+from dflash2.decoding.proposers.draft import Drafter, Proposal
+from dflash2.decoding.proposers import kinds
 from dflash2.decoding.loop.sampling import RowSampling
 from dflash2.decoding.loop.stats import BatchTiming, Commit, RowStats
 from dflash2.decoding.loop.timing import CycleTimer, Stopwatch
 from dflash2.decoding.proposers.tree import kept_nodes, path_nodes, tree_greedy_accept
-from dflash2.decoding.target.verifier import TargetAdapter
-from dflash2.errors import require
+from dflash2.decoding.verifier.adapter import TargetAdapter
+from dflash2.errors import SettingError, require
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.runtime.rng import ACCEPT, TOKEN, row_seed, sample_from, uniforms
 
-
-PROPOSERS = ("draft", "lookup", "hybrid")
-LOOKUP_BLOCK_SIZE = 8      # tokens a cycle (anchor + lookup tokens) when no draft sets the block
 
 
 @dataclass
@@ -75,15 +79,19 @@ class GenerationConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        require(isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0,
-                f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        require(isinstance(self.temperature, (int, float)) and self.temperature >= 0
-                and self.temperature != float("inf"), f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        require(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
-        require(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
-        require(self.block_size is None or (isinstance(self.block_size, int) and self.block_size >= 2),
-                f"block_size must be an integer >= 2, got {self.block_size!r}")
-        require(isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+        """Raise `SettingError` (the field's name, what is wrong) for the first bad field."""
+        checks = (
+            ("max_new_tokens", isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0, "a positive integer"),
+            ("temperature", isinstance(self.temperature, (int, float)) and self.temperature >= 0
+             and self.temperature != float("inf"), "a finite number >= 0"),
+            ("top_p", isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "in (0, 1]"),
+            ("top_k", isinstance(self.top_k, int) and self.top_k >= 0, "an integer >= 0"),
+            ("block_size", self.block_size is None or (isinstance(self.block_size, int) and self.block_size >= 2),
+             "an integer >= 2"),
+            ("seed", isinstance(self.seed, int), "an integer"))
+        for name, ok, wanted in checks:
+            if not ok:
+                raise SettingError(name, f"must be {wanted}, got {getattr(self, name)!r}")
 
 
 @dataclass
@@ -119,15 +127,15 @@ class _Row:
 
 class SpeculativeDecoder:
     def __init__(self, target: TargetAdapter, draft: DFlash2DraftModel | None = None, speculate: str = "auto",
-                 proposer: str | None = None, suffix_store: SuffixStore | None = None, lattice: bool = False):
-        require(proposer is None or proposer in PROPOSERS,
-                f"proposer must be one of {', '.join(PROPOSERS)}, got {proposer!r}")
-        if proposer is None and (draft is not None or self.custom_proposer):
-            proposer = "draft"
-        require(proposer not in ("draft", "hybrid") or draft is not None or self.custom_proposer,
+                 proposer: str | None = None, suffix_store: SuffixStore | None = None, lattice: bool = False,
+                 drafter: Drafter | None = None):
+        kinds.check_proposer(proposer)
+        if proposer is None:
+            proposer = kinds.decoder_default(draft is not None or drafter is not None)
+        require(proposer not in kinds.DRAFT_PROPOSERS or draft is not None or drafter is not None,
                 f"proposer '{proposer}' needs a draft (proposer 'lookup' needs none)")
         self.target = target
-        self.draft = draft if proposer in ("draft", "hybrid") else None
+        self.draft = draft if proposer in kinds.DRAFT_PROPOSERS else None
         self.proposer = proposer
         self.suffix_store = suffix_store
         self.lattice = lattice
@@ -136,15 +144,27 @@ class SpeculativeDecoder:
             require(target.target_layer_ids == draft.config.target_layer_ids,
                     "target adapter taps different layers than the draft's target_layer_ids")
             draft.bind_target(target.embed_weight(), target.lm_head_weight())
+            drafter = drafter or Drafter.of(draft, lattice=lattice and not target.hybrid)
+        self.drafter = drafter if proposer in kinds.DRAFT_PROPOSERS else None
         self.policy = SpeculationPolicy(speculate if proposer is not None else "never",
                                         sources=2 if proposer == "hybrid" else 1)
-        self.calibration: StoredCalibration | None = None   # where the policy's cost calibration is stored
-
-    custom_proposer = False  # test decoders that bring their own proposer set this
 
     @property
     def speculate(self) -> str:
         return self.policy.mode
+
+    def variant(self, proposer: str | None = None, speculate: str | None = None) -> "SpeculativeDecoder":
+        """A sibling over the same target; see the module docstring."""
+        kinds.check_proposer(proposer)
+        speculate, proposer = speculate or self.speculate, proposer or self.proposer
+        if speculate == "never":
+            return type(self)(self.target)
+        require(proposer not in kinds.DRAFT_PROPOSERS or self.drafter is not None,
+                f"proposer '{proposer}' needs a draft, and this decoder has none (its proposer is '{self.proposer}')")
+        sibling = type(self)(self.target, self.draft, speculate, proposer, self.suffix_store, self.lattice, self.drafter)
+        if proposer == self.proposer and speculate == self.speculate:
+            sibling.policy = self.policy.fresh()
+        return sibling
 
     # ------------------------------------------------------------------ public API
     def session(self, fixed: bool = False) -> "DecodeSession":
@@ -184,15 +204,12 @@ class SpeculativeDecoder:
                       self.target.max_positions)
 
     def block_size(self, config: GenerationConfig) -> int:
-        if self.policy.mode == "never":
-            return 1
-        own = LOOKUP_BLOCK_SIZE if self.draft is None and self.proposer == "lookup" else None
-        return effective_block_size(own if self.draft is None else self.draft.config.block_size, config.block_size)
+        proposer = None if self.policy.mode == "never" else self.proposer
+        return kinds.block_size(proposer, None if self.drafter is None else self.drafter.block_size, config.block_size)
 
-    def new_proposer(self, stopwatch: Stopwatch) -> DraftProposer | None:
-        """The draft side of the cycle (None: no draft). Tests substitute oracle proposers."""
-        return None if self.draft is None else DraftProposer(self.draft, stopwatch,
-                                                             lattice=self.lattice and not self.target.hybrid)
+    def new_proposer(self, stopwatch: Stopwatch):
+        """The draft side of the cycle (None: no draft)."""
+        return None if self.drafter is None else self.drafter.new(stopwatch)
 
     def new_lookup(self) -> LookupProposer | None:
         """The lookup side of the cycle (None: the proposer is the draft alone)."""
@@ -258,11 +275,11 @@ class DecodeSession:
         """Prefill the queued requests and merge them into the batch; their first token commits."""
         if not self._pending:
             return []
+        self.target.claim(self)
         pending, self._pending = self._pending, []
         block = max(self.decoder.block_size(c) for _, _, c in pending)
-        if self.policy.mode == "auto" and not self.policy.costs.calibrated and block > 1:
-            self.decoder.calibration = calibrate_cached(self.policy.costs, self.target, block)  # once per decoder, not counted
-            self._clock = time.perf_counter() if not self.rows else self._clock
+        if self.policy.calibrate(self.target, block) and not self.rows:   # once per cost model, not counted
+            self._clock = time.perf_counter()
         with self.watch("prefill"):
             clock = time.perf_counter()
             logits, features, mask = self.target.add_rows([prompt for _, prompt, _ in pending])
@@ -284,44 +301,30 @@ class DecodeSession:
         return self._commit(new_rows, [Commit([int(t)]) for t in first.tolist()], first_token=True)
 
     def _cycle(self) -> list[Event]:
-        """Propose a block per row (draft, lookup), verify every row's block in one target pass,
-        accept each row's longest correct prefix."""
+        """Propose a block per row (lookup, draft), verify every row's block in one target pass, accept
+        each row's longest correct prefix, keep it in the caches and let the policy learn from it."""
         b, timer = len(self.rows), CycleTimer(self.watch)
         start = self.target.next_position.clone()                  # [b] each row's anchor position
-        plan = self.policy.plan(b)
         lookups, offer = self._look_up()
+        plan = self.policy.prepare(b, offer, self.block, can_draft=self.proposer is not None)
         proposal = None
-        if plan.draft and self.proposer is not None and self.block > 1 and self.policy.worth_drafting(b, offer, self.block):
+        if plan.draft:
             with timer("draft"):
                 proposal = self.proposer.propose(self.anchors, start, self.block, self.sampling.temperature,
                                                  self.sampling.seed)
-            self.policy.drafted(b, timer.seconds["draft"])
-            second = proposal.second if self.target.supports_trees else None    # greedy rows' trees only
-            offer = Offer.of(offer.greedy, _confidence(proposal), offer.lookup, self._shared(proposal, lookups),
-                             offer.remaining, None if second is None else second.confidence.tolist(),
-                             None if second is None else second.fork.tolist())
+            offer = self._with_draft(offer, proposal, lookups)
         with self.watch("policy"):
-            choice = self.policy.choose(b, offer, self.block, plan.probe) if offer.sources() else _nothing(b)
-        limits = [self.decoder.block_size(row.config) - 1 for row in self.rows]
-        block = assemble(choice, self.anchors, limits, proposal, lookups)
+            choice = plan.choose(offer, timer.seconds["draft"])
+        block = assemble(choice, self.anchors, [self.decoder.block_size(row.config) - 1 for row in self.rows],
+                         proposal, lookups)
         with timer("verify", phase="verify"):
-            if block.tree is None:
-                logits, features = self.target.step(block.ids)
-            else:
-                logits, features = self.target.step_tree(block.ids, block.tree.depth, block.tree.visible)
+            logits, features = self.target.verify(block.ids, block.tree)
         with self.watch("accept"):
             accepted, bonus, branch, per_branch = self._accept(block, logits, start)
-            counts = accepted + 1                                  # anchor + accepted drafts enter the cache
         with self.watch("realign"):                                # roll back rejected slots, re-align rows
-            if block.tree is None:
-                self.target.keep(counts, block.width)
-            else:                                                  # the winning path stays, the rest is holed out
-                self.target.keep_nodes(kept_nodes(block.tree, branch, accepted))
-                if features is not None:                           # the winning path's features, in order
-                    nodes = path_nodes(block.tree, branch)                                      # [b, L + 1]
-                    features = features.gather(1, nodes[:, :, None].expand(-1, -1, features.shape[-1]))
+            features = self._keep(block, accepted, branch, features)
             if self.proposer is not None:
-                self.proposer.append(features, counts, start, defer=proposal is None)
+                self.proposer.append(features, accepted + 1, start, defer=proposal is None)
         with self.watch("host"):                                   # one host copy per tensor, not per row
             accepted_list, bonus_list = accepted.tolist(), bonus.tolist()
             branch_list = [0] * b if branch is None else branch.tolist()
@@ -329,14 +332,12 @@ class DecodeSession:
             if self.lookup is not None:
                 self.lookup.extend([c.tokens for c in commits])
         self.anchors = bonus
-        record = CycleRecord(b, offer, choice, proposal is not None, plan.probe, block.verified, accepted_list,
-                             block.width, timer.seconds["draft"], timer.seconds["verify"],
+        record = CycleRecord(b, offer, plan, choice, proposal is not None, block.verified, accepted_list, block.width,
+                             timer.seconds["draft"], timer.seconds["verify"],
                              branch_accepted=block.branch_accepted(per_branch))
         record.host_seconds = timer.wall() - record.draft_seconds - record.verify_seconds
         with self.watch("policy"):
             self.policy.observe(record)
-            if self.decoder.calibration is not None:      # what this run measures replaces a stale calibration
-                self.decoder.calibration.refresh(self.policy.costs)
         self.timing.record_cycle(b, record.drafted, record.width, timer.wall(), timer.cpu())
         with self.watch("host"):
             return self._commit(self.rows, commits)
@@ -351,6 +352,27 @@ class DecodeSession:
         with self.watch("lookup"):
             lookups = self.lookup.propose(self.block - 1)
         return lookups, Offer.of(greedy, lookup=[found.confidence for found in lookups], remaining=remaining)
+
+    def _with_draft(self, offer: Offer, proposal: Proposal, lookups: list[Lookup] | None) -> Offer:
+        """The offer once the draft has proposed: its confidence, where it shares a prefix with lookup's
+        proposal, and its lattice's second path (both as trees, on targets that can verify them)."""
+        second = proposal.second if self.target.supports_trees else None     # greedy rows' trees only
+        return Offer.of(offer.greedy, _confidence(proposal), offer.lookup, self._shared(proposal, lookups),
+                        offer.remaining, None if second is None else second.confidence.tolist(),
+                        None if second is None else second.fork.tolist())
+
+    def _keep(self, block: VerifyBlock, accepted: torch.Tensor, branch: torch.Tensor | None,
+              features: torch.Tensor | None) -> torch.Tensor | None:
+        """Keep each row's anchor and accepted tokens in the target's cache (a tree: its winning path,
+        the rest holed out) and return their features in order."""
+        if block.tree is None:
+            self.target.keep(accepted + 1, block.width)
+            return features
+        self.target.keep_nodes(kept_nodes(block.tree, branch, accepted))
+        if features is None:
+            return None
+        nodes = path_nodes(block.tree, branch)                                                  # [b, L + 1]
+        return features.gather(1, nodes[:, :, None].expand(-1, -1, features.shape[-1]))
 
     def _shared(self, proposal: Proposal, lookups: list[Lookup] | None) -> list[int | None] | None:
         """Per row, the tokens the draft's and lookup's proposals share at their start, where both
@@ -464,11 +486,6 @@ def _confidence(proposal: Proposal) -> list[list[float]]:
     if proposal.confidence is not None:
         return proposal.confidence.tolist()
     return [[1.0] * proposal.tokens.shape[1]] * proposal.tokens.shape[0]
-
-
-def _nothing(b: int) -> Choice:
-    """Nothing offered (autoregressive, or a one-token block): a plain step."""
-    return Choice(0, float(b), 0.0, ("",) * b, (0,) * b)
 
 
 def _copy(timing: BatchTiming) -> BatchTiming:

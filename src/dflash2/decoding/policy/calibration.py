@@ -1,24 +1,19 @@
 """The cost model's start-up calibration, stored per machine, target and dtype, and kept fresh.
 
-Contract: `calibrate_cached(costs, target, block)` -> `StoredCalibration` fills `costs` (a
-`CostModel`) with the start-up figures for this (machine, target, dtype, device, block): read
-from `cache_dir()/calibration/<key>.json` when an earlier run stored them less than `MAX_AGE_S`
-ago, else measured by `costs.calibrate(target, block)` and stored (atomically). The key covers
-the CPU model, usable cores, torch's thread count and version, the device (and GPU name), the
-target's config and a fingerprint of its first weights, the dtype and the block; a change in any
-is a fresh measurement, and so is `DFLASH2_RECALIBRATE=1` (`--recalibrate`).
-`StoredCalibration.refresh(costs)`: when `costs.stale()` (what this run observed disagrees with
-the calibration: costs.py), the observed figures replace the stored ones (atomically; the
-measurement's age is kept, so the age rule still forces a full measurement in time).
-A cache that cannot be read or written is ignored (the figures are measured, as without one), and
-so is a stored table that lacks the plain step (q = 1) or any wider pass.
+Contract: `calibrate_cached(costs, target, block)` -> `StoredCalibration` fills `costs` with the
+start-up figures for this (machine, target, dtype, device, block): read from
+`cache_dir()/calibration/<key>.json` when stored less than `MAX_AGE_S` ago, else measured by
+`costs.calibrate` and stored (atomically); any change of the key (CPU, cores, threads, torch, device,
+the target's config and first weights, dtype, block) or `DFLASH2_RECALIBRATE=1` measures again.
+`refresh(costs)`: when `costs.stale()`, the observed figures replace the stored ones (the
+measurement's age kept). An unreadable or unwritable cache, or a stored table without the plain
+step or a wider pass, is ignored.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,20 +22,10 @@ import torch
 
 from dflash2.files.cache import RECALIBRATE_ENV, cache_dir
 from dflash2.files.atomic import atomic_write
+from dflash2.runtime.provenance import cpu_model
 
 MAX_AGE_S = 7 * 24 * 3600        # a stored calibration older than this is measured again
 FORMAT = 2
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def calibration_key(target, block: int) -> str:
@@ -48,7 +33,7 @@ def calibration_key(target, block: int) -> str:
     model = target.model
     first = next(model.parameters()).detach().reshape(-1)[:64].float().cpu()
     identity = {
-        "cpu": _cpu_model(), "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "config": model.config.to_json_string(use_diff=False), "weights": first.numpy().tobytes().hex(),

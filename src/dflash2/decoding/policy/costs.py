@@ -1,36 +1,20 @@
-"""The cost model of a decoding cycle: how long the target takes to verify q tokens for b rows,
-how long the draft pass takes, and the host work around them, on this machine.
+"""The cost model of a decoding cycle on this machine: the target's verify pass of q tokens for b
+rows, the draft pass and the host work around them.
 
 Contract:
-- `CostModel()` starts empty. Verify figures come from two places, kept apart:
-  - calibrated: `calibrate(target, block)` measures the target once at start-up (one row running
-    q = 1, block, 4 x block and 16 x block tokens on a dummy context, the running batch's cache
-    left untouched, so that the token curve reaches the compute-bound sizes of large batches before
-    any large batch has run), or `load_calibration(table)` takes a stored one
-    (`decoding.policy.calibration`);
-  - observed: `observe_verify(b, q, s)` adds what a real cycle measured (an exponential moving
-    average per (b, q) over this run's passes, so the model follows the context growing and the
-    machine's load). An observed figure replaces the calibrated one for its (b, q) at once.
-  `observe_draft(b, s)` and `observe_host(b, speculative, s)` are observed figures likewise.
-- `verify(b, q)`: the figure for (b, q) when there is one (observed, else calibrated); else
-  linear in q between the two figures at batch b around q; else the token curve f(n) --
-  piecewise linear in the tokens n = b * q of every pass, extended past its ends (flat below, the
-  last segment's slope above) -- scaled to the nearest figure at batch b when there is one (the
-  level of this batch's context, the shape of the machine's curve). `draft(b)` and `host(b, spec)`
-  fall back on the nearest measured batch size (0 before any measurement).
-- `verify(b, q, optimistic=True)`: the same, but a figure that this run has not observed (only
-  calibrated, or predicted from calibrated ones) is taken at most at what the observed figures
-  alone predict (with one observed size, every pass costs what that one did). A probe decides
-  with it, so a calibration that overstates what speculation costs cannot stop the policy from
-  measuring it (policy.py bounds what that costs).
-- `stale()`: the calibration disagrees with what this run observed: some (b, q) observed at
-  least `STALE_SAMPLES` times, at a batch size the calibration measured, differs from what the
-  calibration alone predicts for it (its figure, or the interpolation) by more than `STALE_FACTOR`
-  either way, once the figures observed that often hold, at one batch size, the plain step (q = 1)
-  and a wider pass (enough to replace the calibration with: a stored table without a plain step
-  is measured again, `decoding.policy.calibration`). `adopt_observed()` replaces the calibration by the figures observed that often (a
-  calibration found wrong is dropped whole, so `stale()` is False until the machine drifts again)
-  and returns it, the table to store.
+- Verify figures come from two places, kept apart. Calibrated: `calibrate(target, block)` times
+  one-row passes of 1, block, 4 x block and 16 x block tokens at start-up (in the adapter's
+  `aside()`), or `load_calibration(table)` takes a stored one (`calibration`). Observed:
+  `observe_verify(b, q, s)`, a moving average per (b, q) that replaces the calibrated figure at
+  once. `observe_draft`, `observe_host` likewise; `draft_after(b, s)`: `draft(b)` once s is observed.
+- `verify(b, q)`: the figure for (b, q); else linear in q between the figures at batch b around q;
+  else the token curve (piecewise linear in n = b * q; flat below, the last slope above) scaled to
+  the nearest figure at batch b. `optimistic=True` (a probe's): a figure not observed in this run is
+  taken at most at what the observed ones alone predict. `draft(b)`, `host(b, spec)`: the nearest
+  measured batch size's.
+- `stale()`: a (b, q) observed `STALE_SAMPLES` times at a calibrated batch size differs from the
+  calibration's prediction by more than `STALE_FACTOR` either way (once a plain step and a wider
+  pass at one batch size were observed that often); `adopt_observed()` makes those the calibration.
 """
 from __future__ import annotations
 
@@ -53,6 +37,7 @@ class CostModel:
         self.observed_n: dict[tuple[int, int], int] = {}
         self.draft_s: dict[int, float] = {}
         self.host_s: dict[tuple[int, bool], float] = {}
+        self.store = None       # where the calibration is stored (`calibration.StoredCalibration`), if anywhere
 
     @property
     def verify_s(self) -> VerifyTable:
@@ -61,8 +46,11 @@ class CostModel:
 
     # ------------------------------------------------------------------ measurements
     @staticmethod
-    def _update(table: dict, key, seconds: float) -> None:
-        table[key] = seconds if key not in table else (1 - EMA) * table[key] + EMA * seconds
+    def _averaged(table: dict, key, seconds: float) -> float:
+        return seconds if key not in table else (1 - EMA) * table[key] + EMA * seconds
+
+    def _update(self, table: dict, key, seconds: float) -> None:
+        table[key] = self._averaged(table, key, seconds)
 
     def observe_verify(self, b: int, q: int, seconds: float) -> None:
         self._update(self.observed_s, (b, q), seconds)
@@ -94,6 +82,9 @@ class CostModel:
     def observe_draft(self, b: int, seconds: float) -> None:
         self._update(self.draft_s, b, seconds)
 
+    def draft_after(self, b: int, seconds: float) -> float:
+        return self._averaged(self.draft_s, b, seconds)
+
     def observe_host(self, b: int, speculative: bool, seconds: float) -> None:
         self._update(self.host_s, (b, speculative), max(seconds, 0.0))
 
@@ -102,13 +93,11 @@ class CostModel:
         return len({b * q for b, q in self.verify_s}) >= 2
 
     def calibrate(self, target, block: int, context: int = 32, repeats: int = 2) -> None:
-        """Time one-row target passes of 1, block, 4 x block and 16 x block tokens (as far as the
-        context limit allows) on a dummy context, the fastest of `repeats` each (the first pass of a
-        size is cold); the adapter's running batch is saved and restored."""
-        saved = (target.cache, target.mask, target.next_position)
+        """Time one-row passes of 1, block, 4 x block and 16 x block tokens (as the context allows) on a
+        dummy context, the fastest of `repeats` each (a size's first pass is cold)."""
         room = target.max_positions - context
         sizes = [1] + [block * m for m in CALIBRATION_SIZES if block * m <= room]
-        try:
+        with target.aside():
             vocab = target.vocab_size
             target.prefill([[(7 * i + 3) % vocab for i in range(context)]])
             for q in sizes * repeats:
@@ -118,10 +107,8 @@ class CostModel:
                 if target.device.type == "cuda":
                     torch.cuda.synchronize()
                 seconds = time.perf_counter() - start
-                self.calibrated_s[(1, q)] = min(seconds, self.calibrated_s.get((1, q), seconds))  # not a cold pass
+                self.calibrated_s[(1, q)] = min(seconds, self.calibrated_s.get((1, q), seconds))
                 target.keep(torch.zeros(1, dtype=torch.long), q)
-        finally:
-            target.cache, target.mask, target.next_position = saved
 
     # ------------------------------------------------------------------ predictions
     def verify(self, b: int, q: int, optimistic: bool = False) -> float:

@@ -23,6 +23,9 @@ Contract:
   0.5 / 0.85 / 1.3 gave +0.013 / +0.032 / 0.000; BENCHMARKS.md section 3.2). Exactness does not
   depend on it: the returned q is the distribution the tokens were drawn from, which is what the
   acceptance rule divides by. Greedy rows are unaffected.
+- `Drafter(block_size, new)`: what a decoder needs of its draft side: the block size it proposes in
+  and `new(stopwatch)`, a fresh proposer with this interface per batch; `Drafter.of(draft, lattice)`
+  makes `DraftProposer`s of a draft model.
 - `lattice=True` (a draft with a selector): the proposal also carries the lattice's second path
   (`CandidateSelector.second_path`: the runner-up where a second branch is likeliest to win, then
   greedy), for greedy rows to verify beside the main path as a token tree; sampled rows ignore it.
@@ -30,6 +33,7 @@ Contract:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +42,7 @@ from dflash2.decoding.loop.acceptance import dense_q
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.selector import SecondPath
 from dflash2.model.mask import block_visibility
-from dflash2.decoding.target.ragged import compaction_index, worth_compacting
+from dflash2.decoding.verifier.ragged import compaction_index, worth_compacting
 from dflash2.decoding.loop.timing import Stopwatch
 from dflash2.runtime.rng import DRAFT, sample_from, uniforms
 
@@ -170,6 +174,16 @@ class DraftProposer:
                 q = torch.zeros(*q.shape[:-1], vocab, dtype=q.dtype, device=q.device).index_copy_(
                     -1, draft.draft_token_ids(), q)
             return Proposal(draft.draft_to_target(picks), q if sampling else None, confidence)
+
+
+@dataclass(frozen=True)
+class Drafter:
+    block_size: int
+    new: Callable[[Stopwatch], "DraftProposer"]
+
+    @classmethod
+    def of(cls, draft: DFlash2DraftModel, lattice: bool = False) -> "Drafter":
+        return cls(draft.config.block_size, lambda stopwatch: DraftProposer(draft, stopwatch, lattice=lattice))
 
 
 def _gather_slots(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -41,6 +41,7 @@ import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from dflash2.argparsing import OneLineParser, run_command
@@ -449,11 +450,6 @@ def _collect(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line; a bad input is one line `error: ...` and 2 (`argparsing.run_command`)."""
-    return run_command(_main, argv)
-
-
 def _main(argv: list[str] | None) -> int:
     parser = OneLineParser(prog="python -m dflash2.tools.gpu.parts", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -489,6 +485,9 @@ def _main(argv: list[str] | None) -> int:
         print(f"{args.dest}: {manifest['size']} bytes, sha256 {manifest['sha256']} verified")
         return 0
     return _collect(args)
+
+
+main = partial(run_command, _main)   # a bad input is one line `error: ...` and 2 (`argparsing.run_command`)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -151,11 +152,6 @@ def collect_data(parts_dir: str | Path, dest: str | Path) -> dict:
     return counts
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line; a bad input is one line `error: ...` and 2 (`argparsing.run_command`)."""
-    return run_command(_main, argv)
-
-
 def _main(argv: list[str] | None) -> int:
     parser = OneLineParser(prog="python -m dflash2.tools.gpu.regen", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -174,6 +170,9 @@ def _main(argv: list[str] | None) -> int:
         print(json.dumps(collect_data(args.parts_dir, args.dest)))
         return 0
     return _export(args)
+
+
+main = partial(run_command, _main)   # a bad input is one line `error: ...` and 2 (`argparsing.run_command`)
 
 
 if __name__ == "__main__":

@@ -17,12 +17,11 @@ profiles. Prompts: the first turns of the first prompts of `--datasets`, cycled 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict, dataclass
 
-from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.policy import SpeculationPolicy
+from dflash2.decoding.loop.engine import GenerationConfig
+from dflash2.files.atomic import write_json
 from dflash2.errors import DFlash2Error, require
 from dflash2.argparsing import ModelSettings, add_model_arguments, parse_list
 from dflash2.data.prompts import load_conversations
@@ -53,20 +52,15 @@ def _decode(decoder, prompts, config):
 def profile(pipe, prompts: list[list[int]], batch: int, new_tokens: int) -> CycleProfile:
     batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
     config = GenerationConfig(max_new_tokens=new_tokens, stop_token_ids=())   # no early stops: full-length rows
-    decoder = pipe.decoder
-    saved = decoder.policy
-    decoder.policy = SpeculationPolicy("always")
-    try:
-        _decode(decoder, batch_prompts[:1], GenerationConfig(max_new_tokens=4))                   # warm-up
-        results, timing = _decode(decoder, batch_prompts, config)
-    finally:
-        decoder.policy = saved
+    decoder = pipe.decoder.variant(speculate="always")
+    _decode(decoder, batch_prompts[:1], GenerationConfig(max_new_tokens=4))                       # warm-up
+    results, timing = _decode(decoder, batch_prompts, config)
     cycles = max(timing.speculative_cycles, 1)
     phases = {p: 1000 * timing.phase_seconds.get(p, 0.0) / cycles for p in PHASES}
     total = 1000 * (timing.total_seconds - timing.prefill_seconds) / cycles
     phases["other"] = max(total - sum(phases.values()), 0.0)
     phases["total"] = total
-    plain = SpeculativeDecoder(decoder.target)
+    plain = decoder.variant(speculate="never")
     _decode(plain, batch_prompts[:1], GenerationConfig(max_new_tokens=4))
     _, plain_timing = _decode(plain, batch_prompts, config)
     plain_ms = 1000 * (plain_timing.total_seconds - plain_timing.prefill_seconds) / max(plain_timing.plain_steps, 1)
@@ -111,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(render(profiles, f"Cycle profile: {pipe.draft_description}; {cpu_model()}; {args.new_tokens} new tokens per row"))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump([asdict(p) for p in profiles], handle, indent=2)
+        write_json(args.json, [asdict(p) for p in profiles])
     return 0
 
 

@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from dflash2.targets.chat import encode_prompt
-from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.pipeline import load_decoder
 from dflash2.decoding.proposers.draft import DraftProposer
 from dflash2.decoding.loop.timing import Stopwatch
@@ -110,7 +110,7 @@ def run(target: str, draft: str | None, repeats: int, device: str, dtype: str, n
     adapter.reset()
 
     # End to end autoregressive: this engine vs Hugging Face generate(), same prompt, greedy.
-    ar = SpeculativeDecoder(adapter)
+    ar = decoder.variant(speculate="never")
     config = GenerationConfig(max_new_tokens=new_tokens, stop_token_ids=())
     ours = median_seconds(lambda: ar.generate([ids], config), max(3, repeats // 3), sync)
     steps.update()

@@ -1,6 +1,6 @@
 """`python -m dflash2.tools.profile.rollback`: what rolling back a hybrid target's recurrent state costs.
 
-Contract: on one target (a hybrid: `decoding/target/recurrent.py`), for each batch size b, a batch of b
+Contract: on one target (a hybrid: `decoding/verifier/recurrent.py`), for each batch size b, a batch of b
 prompts is prefilled and then `--repeats` verify cycles are timed, each a step of `--block` tokens
 followed by `keep(counts)` with counts drawn uniformly from 1..block per row (rows roll back to
 different positions). Reported medians, milliseconds: the verify step with per-position capture
@@ -16,14 +16,14 @@ table naming which kernels were importable; `--json` writes the rows.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 
-from dflash2.decoding.target import recurrent
+from dflash2.targets import delta_rule
+from dflash2.files.atomic import write_json
 from dflash2.errors import require
 from dflash2.pipeline import load_decoder
 
@@ -112,14 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dflash2.tools.profile.rollback", description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True, help="local HF dirs or built-in names, comma-separated (hybrids, "
                         "or attention-only targets for their verify / plain ratio); each batch size runs on each in turn")
-    parser.add_argument("--batch", default="1,8")
-    parser.add_argument("--block", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--batch", default="1,8", help="batch sizes, comma-separated")
+    parser.add_argument("--block", type=int, default=8, help="tokens a verify pass runs per row")
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="the longest prompt (the shortest: half)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats of each measurement (medians)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, ...")
+    parser.add_argument("--dtype", default="float32", help="the targets' dtype")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batch.split(",") if b.strip()]
     require(batches and all(b > 0 for b in batches), f"--batch: positive integers, got '{args.batch}'")
@@ -137,11 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, adapter in adapters.items():                   # the same prompts, one target after the other
             rows.append(measure(adapter, name, prompts, args.block, args.repeats))
             adapter.reset()
-    kernels = ", ".join(f"{name} {'importable' if ok else 'not importable'}" for name, ok in recurrent.fast_kernels().items())
+    kernels = ", ".join(f"{name} {'importable' if ok else 'not importable'}" for name, ok in delta_rule.fast_kernels().items())
     print(render(rows, f"Roll-back cost [{args.dtype}, {args.device}, {kernels}], ms (medians of {args.repeats})"))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump([asdict(r) for r in rows], handle, indent=2)
+        write_json(args.json, [asdict(r) for r in rows])
     return 0
 
 

@@ -4,9 +4,8 @@ Contract:
 - `TargetAdapter(model, target_layer_ids)` wraps Llama-, Qwen3-, Gemma3-style (and any other
   attention-only) HF causal LMs, and the hybrids of `recurrent.py` (Gated DeltaNet / short-conv layers
   beside full attention: Qwen3.5, Qwen3.5-MoE, Qwen3-Next, LFM2). Other recurrent layer kinds are
-  refused with a `DFlash2Error`. A transformers model on `sdpa` attention is switched to
-  `targets.grouped_attention`'s kernel (the same arithmetic, the KV cache read in place rather
-  than copied per query head in every verification pass).
+  refused with a `DFlash2Error`. The model comes as `targets` loads it (`targets.kernels.use_kernels`:
+  folded grouped-query attention, the hybrids' capturing delta rule); the adapter patches nothing.
 - The batch lives in one KV cache, left-padded: every row's tokens are contiguous and end at the
   right edge, so a sliding window in slot space equals the window in token positions. The adapter
   keeps the matching 2-D attention mask and each row's next position.
@@ -32,9 +31,17 @@ Contract:
 - `select_rows(rows)` drops finished sequences from the batch, and with them the leading slots no
   remaining row uses (full-attention layers), so a batch that keeps admitting rows stays as wide
   as its longest live row, not as the longest row it ever held.
+- `verify(ids, tree)`: `step(ids)`, or `step_tree` for a `tree.TokenTree`.
+- `aside()`: a context in which the adapter may run a batch of its own (the cost model's
+  start-up timing) and after which the running batch is back as it was. `claim(session)`: the
+  batch is one session's at a time (decoders over one adapter share it); another session's claim
+  is refused while the holder still has rows, and `reset()` frees it.
 - `features(input_ids, attention_mask)` is the cache-free pass used by training.
 """
 from __future__ import annotations
+
+import contextlib
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -42,10 +49,10 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from dflash2.errors import require
-from dflash2.decoding.target import recurrent
-from dflash2.decoding.target.kvcache import SlotLayer
-from dflash2.decoding.target.ragged import compaction_index, right_align, worth_compacting
-from dflash2.targets import grouped_attention
+from dflash2.decoding.verifier import recurrent
+from dflash2.decoding.verifier.kvcache import SlotLayer
+from dflash2.decoding.verifier.ragged import compaction_index, right_align, worth_compacting
+from dflash2.targets.delta_rule import capturing
 
 
 def _left_pad(tensor: torch.Tensor, slots: int) -> torch.Tensor:
@@ -66,7 +73,6 @@ def context_limit(text_config) -> int:
 class TargetAdapter:
     def __init__(self, model, target_layer_ids: list[int] | None = None):
         self.model = model
-        grouped_attention.fold_transformers_attention(model)  # verification reads the KV cache in place
         self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.hybrid = recurrent.check_supported(model, self.config)
         self.recurrent: list[recurrent.RecurrentLayer] = []
@@ -80,6 +86,8 @@ class TargetAdapter:
         self.cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None        # [b, slots] 1 = real token
         self.next_position: torch.Tensor | None = None  # [b]
+        self.holes = False                            # full-attention slot layers: rejected slots masked out
+        self._holder = None                           # weak reference to the session whose batch this is
 
     # ------------------------------------------------------------------ properties
     @property
@@ -206,9 +214,12 @@ class TargetAdapter:
         for layer in self.recurrent:
             layer.begin_step(q)
         if self.recurrent and q > 1:  # capture each position's recurrent state for `keep`
-            with recurrent.capturing():
+            with capturing():
                 return self._forward(ids, positions)
         return self._forward(ids, positions)
+
+    def verify(self, ids: torch.Tensor, tree=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.step(ids) if tree is None else self.step_tree(ids, tree.depth, tree.visible)
 
     @property
     def supports_trees(self) -> bool:
@@ -311,5 +322,20 @@ class TargetAdapter:
         self.mask = self.mask[:, first:]
 
     def reset(self) -> None:
-        self.cache = self.mask = self.next_position = None
+        self.cache = self.mask = self.next_position = self._holder = None
         self.recurrent = []
+
+    def claim(self, session) -> None:
+        holder = self._holder() if self._holder is not None else None
+        require(holder is None or holder is session or not holder.rows,
+                "this target is decoding another session's batch: decoders over one target take turns")
+        self._holder = weakref.ref(session)
+
+    @contextlib.contextmanager
+    def aside(self):
+        """Put the running batch aside (cache, mask, positions, recurrent layers) and bring it back after."""
+        saved = (self.cache, self.mask, self.next_position, self.recurrent, self.holes)
+        try:
+            yield self
+        finally:
+            self.cache, self.mask, self.next_position, self.recurrent, self.holes = saved

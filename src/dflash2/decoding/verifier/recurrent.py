@@ -10,20 +10,14 @@ Contract:
 - `RecurrentLayer` is the cache layer of one such layer (the interface of transformers'
   `LinearAttentionLayer`, so the HF mixers use it unchanged). `adopt(cache)` puts one in place of every
   linear-attention cache layer of a `DynamicCache` and returns them.
-- Mechanism: capture during the verify pass. Inside `capturing()` (the adapter's multi-token steps) the
-  delta rule of every Gated DeltaNet layer is solved for the whole block at once (`delta_rule_block`: one
-  chunk of q tokens, no padding) and leaves a `DeltaTrail`: the start state, the step's keys, its
-  per-position corrections (deltas) and cumulative decays, from which the state after any n <= q tokens
-  is one rank-n update of the start state. Each conv layer keeps its whole input window [b, C, K + q]
-  (K = kernel width). `keep(layers, counts)` then sets row r's state to the one after its counts[r]-th
-  token (counts >= 1): one rebuild (a reference when every row kept none), written into a buffer
-  reused from the cycle before (the state it replaces), no second forward pass over the accepted
-  tokens; a step that no `keep` followed counts as all kept. Capture, not replay (re-running the accepted tokens from the
-  pre-step state): the deltas are what the verify pass computes anyway, so keeping them costs q
-  vectors per head and the roll-back one pass over each row's state; and not the q states themselves
-  (a token-by-token loop that keeps each position's state reads and writes the [H, K, V] state about
-  three times per token: a bf16 verify then took 8 % longer than the model's chunked kernel). Outside
-  `capturing()` (prefills, training, `generate()`) the model's own kernels run.
+- Mechanism: capture during the verify pass. Inside `targets.delta_rule.capturing()` (the adapter's
+  multi-token steps) every Gated DeltaNet layer leaves its step's `DeltaTrail` (the model must have
+  been prepared by `targets.kernels.use_kernels`, as `targets` loads every target; an unprepared one
+  is refused), and each conv layer keeps its whole input window [b, C, K + q] (K = kernel width).
+  `keep(layers, counts)` then sets row r's state to the one after its counts[r]-th token: one rebuild
+  (a reference when every row kept none), written into a buffer reused from the cycle before (the
+  state it replaces), no second forward pass over the accepted tokens; a step that no `keep`
+  followed counts as all kept.
 - `begin_step(q)` notes the state a step starts from, so `keep` can also keep 0 tokens. Steps of one
   token (plain decoding) capture nothing and use HF's fast path (only the [b, C, K] conv window is copied).
 - Left padding cannot reach the state: HF zeroes padded positions before the mixers, and with no
@@ -33,48 +27,15 @@ Contract:
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import functools
-import importlib.util
-import sys
-from dataclasses import dataclass
-
 import torch
 from transformers.cache_utils import DynamicCache, LinearAttentionLayer
 
 from dflash2.errors import require
+from dflash2.targets.delta_rule import DeltaTrail, current_capture, fast_kernels, rule_installed
 
 SUPPORTED_LAYER_TYPES = ("linear_attention", "conv")
 RECURRENT_LAYER_TYPES = ("linear_attention", "conv", "mamba", "mamba2", "recurrent", "gated_deltanet", "hybrid",
                          "hybrid_sliding", "ssm", "rwkv", "linear")
-_RULE = "torch_chunk_gated_delta_rule"        # the name HF's Gated DeltaNet mixers call for q > 1 tokens
-
-_capture: contextvars.ContextVar["_Capture | None"] = contextvars.ContextVar("dflash2_capture", default=None)
-
-
-class _Capture:
-    """The trail the current layer's delta rule left, waiting for its `update_recurrent_state`."""
-
-    def __init__(self) -> None:
-        self.trail: DeltaTrail | None = None
-
-
-@contextlib.contextmanager
-def capturing():
-    token = _capture.set(_Capture())
-    try:
-        yield
-    finally:
-        _capture.reset(token)
-
-
-@functools.cache
-def fast_kernels() -> dict[str, bool]:
-    """Whether flash-linear-attention (`fla`) and `causal_conv1d` are importable (HF then uses them
-    outside `capturing()`)."""
-    return {name: importlib.util.find_spec(name) is not None for name in ("fla", "causal_conv1d")}
-
 
 # ---------------------------------------------------------------------------------------------- which targets
 def check_supported(model, config) -> bool:
@@ -89,102 +50,13 @@ def check_supported(model, config) -> bool:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     for index, layer_type in enumerate(layer_types):
         if layer_type == "linear_attention":
-            _install_rule(decoder.layers[index], config.model_type)
+            installed = rule_installed(decoder.layers[index])
+            require(installed is not None, f"target '{config.model_type}' has recurrent layers (linear_attention) of a "
+                                           "kind whose state dflash2 cannot roll back after a rejected draft, so it is "
+                                           "not supported")
+            require(installed, f"target '{config.model_type}' was not prepared for decoding: load it with "
+                               "dflash2.targets (load_target_model), or call dflash2.targets.kernels.use_kernels(model)")
     return True
-
-
-def _install_rule(decoder_layer, model_type: str) -> None:
-    """Route the mixer module's chunked delta rule through `_CapturingRule` (once per modeling module)."""
-    mixer = getattr(decoder_layer, "linear_attn", None)
-    module = sys.modules[type(mixer).__module__] if mixer is not None else None
-    require(module is not None and hasattr(module, _RULE),
-            f"target '{model_type}' has recurrent layers (linear_attention) of a kind whose state dflash2 cannot "
-            "roll back after a rejected draft, so it is not supported")
-    if not isinstance(getattr(module, _RULE), _CapturingRule):
-        setattr(module, _RULE, _CapturingRule(getattr(module, _RULE)))
-
-
-class _CapturingRule:
-    """The model's own chunked delta rule, except inside `capturing()`, where `delta_rule_block` runs and
-    leaves its `DeltaTrail` for the layer's cache."""
-
-    def __init__(self, original) -> None:
-        self.original = original
-
-    def __call__(self, query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
-                 use_qk_l2norm_in_kernel=False, **kwargs):
-        capture = _capture.get()
-        if capture is None or initial_state is None:
-            return self.original(query, key, value, g=g, beta=beta, chunk_size=chunk_size, initial_state=initial_state,
-                                 output_final_state=output_final_state,
-                                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
-        out, trail = delta_rule_block(query, key, value, g, beta, initial_state, use_qk_l2norm_in_kernel)
-        capture.trail = trail
-        return out, trail.start              # the layer's state stays the start one until `keep` rebuilds it
-
-
-def _unit(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
-
-
-@dataclass
-class DeltaTrail:
-    """What a step of q tokens leaves so that the state after any n <= q of them can be rebuilt:
-    S_n = exp(G_n) S_0 + sum_{t < n} exp(G_n - G_t) k_t^T delta_t (the delta rule unrolled), with G the
-    cumulative log decay and delta_t the step's per-position corrections. fp32, heads grouped out."""
-
-    start: torch.Tensor         # [b, H, K, V] the state before the step
-    keys: torch.Tensor          # [b, H, q, K] (normalised)
-    deltas: torch.Tensor        # [b, H, q, V]
-    log_decay: torch.Tensor     # [b, H, q] G_t = g_0 + .. + g_t
-
-    def state_after(self, counts: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """counts [b] (0..q) -> each row's state after its first counts[r] tokens [b, H, K, V]: a decayed
-        copy of the start state plus one rank-q update per row, written into `out` when given (a buffer
-        of the start's shape and dtype: a fresh one of that size costs more than the arithmetic, since
-        its pages are new to the process)."""
-        n = counts.to(self.log_decay.device).view(-1, 1, 1)                                  # [b, 1, 1]
-        heads = self.log_decay.shape[1]
-        last = self.log_decay.gather(2, (n - 1).clamp(min=0).expand(-1, heads, 1))          # [b, H, 1] G_{n-1}
-        last = torch.where(n > 0, last, torch.zeros_like(last))
-        position = torch.arange(self.log_decay.shape[2], device=n.device)                    # [q]
-        weight = (last - self.log_decay).masked_fill(position >= n, float("-inf")).exp()     # [b, H, q], 0 past n
-        keys = (self.keys * weight[..., None]).transpose(-1, -2)                              # [b, H, K, q]
-        decayed = last.exp()[..., None]                                                       # [b, H, 1, 1]
-        state = torch.mul(self.start, decayed, out=out) if out is not None else self.start * decayed
-        k_dim, v_dim = state.shape[-2:]
-        state.view(-1, k_dim, v_dim).baddbmm_(keys.reshape(-1, k_dim, keys.shape[-1]),
-                                             self.deltas.reshape(-1, keys.shape[-1], v_dim))   # + k^T delta
-        return state
-
-
-def delta_rule_block(query, key, value, g, beta, state, l2norm: bool) -> tuple[torch.Tensor, DeltaTrail]:
-    """The gated delta rule over one block of q tokens, solved at once (one chunk, no padding).
-    query/key [b, q, Hk, K], value [b, q, H, V], g/beta [b, q, H], state [b, H, K, V] -> (output
-    [b, q, H, V] in value's dtype, the step's `DeltaTrail`). Reads the start state once (every position's
-    read of it in one product) and writes no state: `keep` builds the one each row keeps. A token-by-token
-    loop would read and write the state about three times per token."""
-    heads, dtype = value.shape[2], value.dtype
-    if key.shape[2] != heads:  # grouped values: each q/k head serves heads // Hk value heads
-        query, key = (x.repeat_interleave(heads // key.shape[2], dim=2) for x in (query, key))
-    query, key, value, g, beta = (x.transpose(1, 2).float() for x in (query, key, value, g, beta))   # [b, H, q, ..]
-    if l2norm:
-        query, key = _unit(query), _unit(key)
-    query = query / query.shape[-1] ** 0.5
-    start = state.float()
-    steps = value.shape[2]
-    decay = g.cumsum(-1)                                                                     # [b, H, q] G
-    later = torch.ones(steps, steps, dtype=torch.bool, device=g.device).triu(1)             # s > t
-    pair = (decay[..., :, None] - decay[..., None, :]).masked_fill(later, float("-inf")).exp()   # [b, H, q, q]
-    read = torch.cat([query, key], dim=2) @ start                                            # [b, H, 2q, V]
-    query_read, key_read = read.split(steps, dim=2)
-    scale = decay.exp()[..., None]                                                           # [b, H, q, 1]
-    # delta_t = beta_t (v_t - k_t S_{t-1} decayed): lower-triangular in the earlier deltas
-    system = (key @ key.transpose(-1, -2)) * pair * beta[..., None]                          # [b, H, q, q]
-    deltas = torch.linalg.solve_triangular(system, beta[..., None] * (value - scale * key_read), upper=False,
-                                           unitriangular=True)                               # [b, H, q, V]
-    out = scale * query_read + ((query @ key.transpose(-1, -2)) * pair) @ deltas             # o_t = q_t S_t
-    return out.transpose(1, 2).to(dtype), DeltaTrail(start, key, deltas, decay)
 
 
 # ---------------------------------------------------------------------------------------------- the cache layer
@@ -216,14 +88,14 @@ class RecurrentLayer(LinearAttentionLayer):
             full = conv_states
         else:
             full = torch.cat([self.conv_states[state_idx], conv_states], dim=-1)
-            if _capture.get() is not None:
+            if current_capture() is not None:
                 self.windows[state_idx] = full
         width = self.conv_kernel_size[state_idx]
         self.conv_states[state_idx] = torch.nn.functional.pad(full, (max(width - full.shape[-1], 0), 0))[..., -width:]
         return full
 
     def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs) -> torch.Tensor:
-        capture = _capture.get()
+        capture = current_capture()
         if capture is not None and capture.trail is not None:
             self.trails[state_idx], capture.trail = capture.trail, None
         self.recurrent_states[state_idx] = recurrent_states
