@@ -33,6 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from dflash2.decoding.engine import GenerationConfig
 from dflash2.serve.generation import CHAT, COMPLETIONS, Encoders, Generation, OpenRequests, error_response
 from dflash2.serve.guard import Guard, internal_error
 from dflash2.serve.metrics import CONTENT_TYPE, ServerMetrics
@@ -62,7 +63,8 @@ class _GuardedApp(FastAPI):
 
 def create_app(pipeline, settings: ServeSettings) -> FastAPI:
     served = settings.served_model
-    metrics = ServerMetrics(served, pipeline.draft_description, pipeline.decoder.speculate)
+    metrics = ServerMetrics(served, pipeline.draft_description, pipeline.decoder.speculate,
+                            max(pipeline.decoder.block_size(GenerationConfig()) - 1, 0))
     scheduler = Scheduler(pipeline.decoder, metrics, settings.max_batch, settings.max_queue, settings.retry_after_s)
     encoders = Encoders(pipeline.tokenizer, ENCODE_WORKERS)
     open_requests = OpenRequests(settings.drain_timeout_s)

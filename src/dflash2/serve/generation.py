@@ -159,7 +159,8 @@ class Generation:
 
     async def _answer(self, request: Request, job: Job, channel: asyncio.Queue) -> Response:
         api = job.request
-        reply = Reply(job.id, api.kind, self.settings.served_model, int(time.time()), api.return_token_ids)
+        reply = Reply(job.id, api.kind, self.settings.served_model, int(time.time()), api.return_token_ids,
+                      self.settings.per_request_spec_decode_metrics)
         item = await self._next(request, job, channel)  # the first result decides the status
         if api.stream and isinstance(item, (Progress, Finished)):
             return _EventStream(self._stream(request, api, job, reply, channel, item), media_type="text/event-stream",
