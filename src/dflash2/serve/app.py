@@ -13,9 +13,10 @@ limit, 413; faults answered 500 without resetting the connection; every status c
   response starts once the request has its first token, so a request that fails to start gets
   a plain HTTP error; an error after that is an `error` event. A client that goes away (stream
   closed, or a non-streaming request's connection dropped) frees its row at the next cycle.
-- `GET /v1/models`, `GET /health` (200 `{"status": "ok"}` while the scheduler runs, else 503),
+- `POST /tokenize` (vLLM's: a text's token ids; behind the API key like `/v1/*`), `GET /v1/models`,
+  `GET /health` (200 `{"status": "ok"}` while the scheduler runs, else 503),
   `GET /metrics` (Prometheus text), `GET /` (the playground page) and `GET /playground.js`.
-- With an API key (`--api-key` / `DFLASH2_API_KEY`), `/v1/*` needs `Authorization: Bearer KEY`
+- With an API key (`--api-key` / `DFLASH2_API_KEY`), `/v1/*` and `/tokenize` need `Authorization: Bearer KEY`
   (401 otherwise); `/health`, `/metrics` and the playground page are open.
 - Every error is `protocol.ApiError`'s OpenAI-style body with its status (malformed bodies 400,
   unknown routes 404, wrong methods 405, bodies over the limit 413, anything unexpected 500).
@@ -107,6 +108,10 @@ def create_app(pipeline, settings: ServeSettings) -> FastAPI:
     @app.post(COMPLETIONS)
     async def completions(request: Request):
         return await generation.handle(request, COMPLETIONS)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        return await generation.tokenize(request)
 
     @app.get("/v1/models")
     async def models(request: Request):
