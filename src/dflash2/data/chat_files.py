@@ -11,6 +11,8 @@ Contract:
     assistant / chatgpt / bard / model, system; `role` / `content` are read too).
   An optional `id` (a string or an integer) names the record; without one it is the line number
   (JSON Lines) or the 1-based position (an array). Ids must be unique in the file.
+- `read_user_file(path)` (the text, or one line naming the file) and `json_lines(path, text)`
+  (`(line number, value)` per non-blank line) read any user JSON Lines file (`prompts.load_prompt_file` too).
 - Every malformed record raises a one-line `DFlash2Error` naming the file and the line
   (`FILE:LINE: ...`) or the record (`FILE: record N: ...`) and what is wrong, before anything loads.
 - `UserChat(id, messages)` holds `{"role", "content"}` dicts with roles system / user / assistant.
@@ -24,7 +26,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from dflash2.errors import DFlash2Error
 from dflash2.userjson import parse_json
@@ -108,24 +110,31 @@ def parse_record(obj: Any, where: str, default_id: str) -> UserChat:
     return UserChat(str(record_id), messages)
 
 
-def load_chat_file(path: str | os.PathLike) -> list[UserChat]:
-    path = Path(path)
+def read_user_file(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise DFlash2Error(f"prompt file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise DFlash2Error(f"cannot read prompt file {path}: {exc}") from None
+
+
+def json_lines(path: Path, text: str) -> Iterator[tuple[int, Any]]:
+    """(line number, decoded value) of each non-blank line; a line that is not JSON: one line naming it."""
+    # split("\n"), not splitlines(): a JSON string may hold a raw U+2028, not a line end here
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if line.strip():
+            yield lineno, parse_json(line, f"{path}:{lineno}: this line")
+
+
+def load_chat_file(path: str | os.PathLike) -> list[UserChat]:
+    path = Path(path)
+    text = read_user_file(path)
     if text.lstrip("\ufeff \t\r\n").startswith("["):
         records = parse_json(text.lstrip("\ufeff"), f"{path}")
         chats = [parse_record(obj, f"{path}: record {i}: ", str(i)) for i, obj in enumerate(records, start=1)]
     else:
-        chats = []
-        # split("\n"), not splitlines(): a JSON string may hold a raw U+2028, not a line end here
-        for lineno, line in enumerate(text.split("\n"), start=1):
-            if line.strip():
-                where = f"{path}:{lineno}: "
-                chats.append(parse_record(parse_json(line, where + "this line"), where, str(lineno)))
+        chats = [parse_record(obj, f"{path}:{lineno}: ", str(lineno)) for lineno, obj in json_lines(path, text)]
     if not chats:
         raise DFlash2Error(f"prompt file {path} holds no records")
     seen: set[str] = set()

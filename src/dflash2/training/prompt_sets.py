@@ -23,6 +23,7 @@ import hashlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from tqdm import tqdm
 
@@ -49,19 +50,25 @@ def _short(found: int, wanted: int | None, what: str, max_prompt_tokens: int) ->
         _say(f"only {found} prompts of {what} fit in {max_prompt_tokens} tokens; using them all")
 
 
+def _take(candidates: Iterable[tuple[str, list[int]]], num_prompts: int | None, max_prompt_tokens: int,
+          what: str) -> list[Prompt]:
+    """The first `num_prompts` (None: all) of the (id, tokens) candidates, encoded lazily, that fit."""
+    prompts: list[Prompt] = []
+    for prompt_id, tokens in candidates:
+        if len(tokens) <= max_prompt_tokens:
+            prompts.append(Prompt(prompt_id, tokens))
+            if len(prompts) == num_prompts:
+                break
+    _short(len(prompts), num_prompts, what, max_prompt_tokens)
+    return prompts
+
+
 def encode_training_prompts(tokenizer, num_prompts: int, seed: int = 0, source: str = "sharegpt",
                             max_prompt_tokens: int = 512) -> list[Prompt]:
     from dflash2.data.prompts import training_prompts
 
-    prompts: list[Prompt] = []
-    for conversation in training_prompts(seed=seed, sources=(source,)):
-        tokens = encode_prompt(tokenizer, conversation.prompt)
-        if len(tokens) <= max_prompt_tokens:
-            prompts.append(Prompt(f"{conversation.dataset}:{conversation.id}", tokens))
-            if len(prompts) == num_prompts:
-                break
-    _short(len(prompts), num_prompts, source, max_prompt_tokens)
-    return prompts
+    return _take(((f"{c.dataset}:{c.id}", encode_prompt(tokenizer, c.prompt))
+                  for c in training_prompts(seed=seed, sources=(source,))), num_prompts, max_prompt_tokens, source)
 
 
 def training_fields(source: str, seed: int, max_prompt_tokens: int) -> dict:
@@ -72,15 +79,8 @@ def training_fields(source: str, seed: int, max_prompt_tokens: int) -> dict:
 
 def encode_file_prompts(tokenizer, chats: list[UserChat], name: str, num_prompts: int | None,
                         max_prompt_tokens: int) -> list[Prompt]:
-    prompts: list[Prompt] = []
-    for chat in chats:
-        tokens = encode_messages(tokenizer, chat.prompt_messages())
-        if len(tokens) <= max_prompt_tokens:
-            prompts.append(Prompt(f"{name}:{chat.id}", tokens))
-            if len(prompts) == num_prompts:
-                break
-    _short(len(prompts), num_prompts, name, max_prompt_tokens)
-    return prompts
+    return _take(((f"{name}:{chat.id}", encode_messages(tokenizer, chat.prompt_messages())) for chat in chats),
+                 num_prompts, max_prompt_tokens, name)
 
 
 def file_fields(path: str | Path, max_prompt_tokens: int) -> dict:

@@ -191,14 +191,15 @@ def _decode_into(decoder: SpeculativeDecoder, writer: ShardWriter, pending: list
     return bar.new_tokens
 
 
-def _store(items: list, out_dir, manifest_fields: dict, shard_size: int, run: dict, fill) -> dict:
+def _store(items: list, out_dir, manifest_fields: dict, shard_size: int, run: dict, fill,
+           doing: str = "generate") -> dict:
     """One writer session over `items` (anything with an `.id`): `fill(writer, pending)` stores the
     pending ones and returns the response tokens it made; returns the run's summary."""
     with ShardWriter(out_dir, manifest_fields, shard_size=shard_size, run=run) as writer:
         pending = [item for item in items if item.id not in writer.ids]
         stored_before = writer.manifest["counts"]["records"]
-        _say(f"{len(items)} prompts: {len(items) - len(pending)} already stored, {len(pending)} to "
-             f"generate into {out_dir}")
+        _say(f"{len(items)} {'prompts' if doing == 'generate' else 'records'}: {len(items) - len(pending)} already "
+             f"stored, {len(pending)} to {doing} into {out_dir}")
         started = time.perf_counter()
         new_tokens = fill(writer, pending)
     elapsed = time.perf_counter() - started
@@ -392,7 +393,7 @@ def _off_policy(files, chats, name: str, path, out_dir, num_prompts, max_prompt_
         return sum(int(r.response.size) for r in pending)
 
     _say("off-policy: the responses are the file's own answers, not the target's")
-    return _store(records, out_dir, fields, shard_size, run, fill)
+    return _store(records, out_dir, fields, shard_size, run, fill, doing="store")
 
 
 # --------------------------------------------------------------------------- command line
