@@ -104,12 +104,14 @@ def reference(decoder, prompt_ids: list[int], max_tokens: int, stop_token_ids=()
     return result.tokens
 
 
-def start_server_process(tmp_path: Path, *options: str, api_key: str = "from-env") -> tuple[subprocess.Popen, str]:
-    """A real `dflash2 serve --tiny` process on a free port (log in tmp_path/serve.log), healthy."""
+def start_server_process(tmp_path: Path, *options: str, api_key: str = "from-env",
+                         tiny: bool = True) -> tuple[subprocess.Popen, str]:
+    """A real `dflash2 serve` process (`--tiny` unless `tiny=False`: then `options` name the target)
+    on a free port (log in tmp_path/serve.log), healthy."""
     log = open(tmp_path / "serve.log", "w+")
     env = dict(os.environ, HF_HUB_OFFLINE="1", DFLASH2_API_KEY=api_key)
-    proc = subprocess.Popen([sys.executable, "-m", "dflash2.cli", "serve", "--tiny", "--port", "0", *options],
-                            stderr=log, stdout=log, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "dflash2.cli", "serve", *(["--tiny"] if tiny else []), "--port", "0",
+                             *options], stderr=log, stdout=log, env=env)
     deadline = time.time() + 90
     url = None
     while url is None:

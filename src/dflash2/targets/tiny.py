@@ -104,8 +104,9 @@ class TinyTokenizer:
         self.span = vocab_size - 4
         self.max_chars = max_chars
 
-    def __call__(self, text: str, truncation: bool = False, max_length: int | None = None) -> dict:
-        ids = [1] + [3 + ord(c) % self.span for c in text[-self.max_chars:]]
+    def __call__(self, text: str, truncation: bool = False, max_length: int | None = None,
+                 add_special_tokens: bool = True) -> dict:
+        ids = [1] * add_special_tokens + [3 + ord(c) % self.span for c in text[-self.max_chars:]]
         return {"input_ids": ids[:max_length] if truncation and max_length is not None else ids}
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
