@@ -3,7 +3,7 @@
 A draft learns to predict what its target would write; these responses were written by someone
 else (another model, a person), so the draft learns the target's continuation of text the target
 did not write. Cheaper than regeneration (nothing is decoded) and usually worse for acceptance:
-measure it (TRAINING.md, "Your own data").
+measure it (TRAINING.md §2).
 
 Contract: `answer_records(tokenizer, chat, stop_ids, max_response_tokens)` -> one `(turn, prompt ids,
 response ids, finish reason)` per answered assistant turn of `chat` (`chat_files.UserChat`), turn
