@@ -15,9 +15,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 from transformers.cache_utils import DynamicCache
 
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.tree import pack_tree
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.proposers.tree import pack_tree
+from dflash2.decoding.target.verifier import TargetAdapter
 from dflash2.errors import DFlash2Error
 from dflash2.targets import builtin, llama
 from dflash2.training.regenerate import config_sha256, target_fields

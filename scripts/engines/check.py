@@ -2,7 +2,7 @@
 llama.cpp, compared token for token and cycle for cycle with this project's engine.
 
 Run by scripts/engines_check.sh with the project's venv (the engines run in their own venvs through
-the runners of `dflash2.tools.runners`). Writes OUT/results.json and OUT/results.md.
+the runners in scripts/engines/runners). Writes OUT/results.json and OUT/results.md.
 
     python scripts/engines/check.py [--out runs/engines] [--prompts 3] [--max-new-tokens 48]
                                     [--llama-types f32,bf16,q4_1] [--skip vllm,mlx,llama]
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from dflash2.decoding.engine import GenerationConfig
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.eval import acceptance_arms as arms
 from dflash2.eval import engine_peers
 from dflash2.export import ExportSettings, export_draft
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                                              dtype="float32", measure_prompts=0))
         exports[form] = out / "exports" / form
         log(f"  {result.architecture}, {result.tensors} tensors")
-    pipe = load_decoder("smollm2", str(shipped), draft_dtype="float32")
+    pipe = load_decoder("smollm2", str(shipped), dtype="float32", draft_dtype="float32")
     target_dir = str(resolve_target("smollm2"))
     prompts = measurement_prompts(pipe.tokenizer, args.prompts)
     stops, max_new = pipe.stop_token_ids, args.max_new_tokens

@@ -11,6 +11,8 @@ Per type (q4_1: the target's own GGUF; bf16 / f32: it dequantised, `export.gguf_
   ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache at n-max 7), interleaved, `--rounds` rounds,
   medians of each round's tokens/s; acceptance = accepted / drafted (llama.cpp's rate) and tokens
   per target pass;
+- dflash2's own tokens/s on the same prompts (float32 and bfloat16, plain and the whole block every
+  cycle, `--threads` torch threads), for comparison;
 - the advice (`export.speculation_advice`) from these costs and dflash2's E(k) (float32 target and
   draft, `--dflash2-prompts` prompts, a block of k + 1 per n-max k), and whether its setting (or
   "do not speculate") is the fastest measured.
@@ -20,14 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from dflash2.export import ExportSettings, export_draft, llama_cpp
-from dflash2.export.acceptance_cost import expected_tokens_by_width, measurement_prompts
+from dflash2.export.acceptance_cost import draft_runs, expected_tokens_by_width, measurement_prompts
 from dflash2.export.gguf_target import unquantized_gguf
 from dflash2.export.llama_cpp_advice import grid, measurements_from, setting_runs
 from dflash2.export.speculation_advice import advise
@@ -75,9 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     expected = expected_tokens_by_width(pipe.decoder.target, pipe.decoder.draft, ids, args.new_tokens,
                                         pipe.stop_token_ids, range(1, block))
     log(f"  E(k) = {expected}")
-    texts = [pipe.tokenizer.decode(x) for x in measurement_prompts(pipe.tokenizer, args.prompts)]
+    prompt_ids = measurement_prompts(pipe.tokenizer, args.prompts)
+    texts = [pipe.tokenizer.decode(x) for x in prompt_ids]
     del pipe
-    results = {"settings": vars(args), "llama_cpp": lc.version(), "expected_dflash2": expected, "types": {}}
+    results = {"settings": vars(args), "llama_cpp": lc.version(), "expected_dflash2": expected,
+               "dflash2": dflash2_speed(shipped, prompt_ids, args), "types": {}}
     for kind in args.types.split(","):
         gguf = own if KINDS[kind] is None else out / f"target-{kind}.gguf"
         if not gguf.is_file():
@@ -103,6 +109,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def dflash2_speed(shipped: Path, prompts: list[list[int]], args) -> dict:
+    """dflash2's own tokens/s on the same prompts: plain and the draft's whole block every cycle, per
+    precision, `--rounds` interleaved rounds (median); tau over the draft's cycles."""
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        pipe = load_decoder("smollm2", str(shipped), dtype=dtype, draft_dtype=dtype, proposer="draft")
+        speeds = {"plain": [], "draft": []}
+        tau = None
+        for _ in range(args.rounds):
+            for label, draft in (("plain", None), ("draft", pipe.decoder.draft)):
+                start = time.perf_counter()
+                runs = draft_runs(pipe.decoder.target, draft, prompts, args.new_tokens, pipe.stop_token_ids)
+                speeds[label].append(sum(len(r.tokens) for r in runs) / (time.perf_counter() - start))
+                if draft is not None:
+                    tau = sum(sum(r.stats.committed_per_cycle) for r in runs) / sum(r.stats.cycles for r in runs)
+        out[dtype] = {"plain": statistics.median(speeds["plain"]), "draft": statistics.median(speeds["draft"]),
+                      "tau": tau}
+        log(f"dflash2 {dtype}: {out[dtype]}")
+    return out
+
+
 def table(results: dict) -> str:
     kinds = list(results["types"])
     labels = list(next(iter(results["types"].values()))["timings"])
@@ -115,6 +142,9 @@ def table(results: dict) -> str:
             rate = f"{t['accepted']} / {t['drafted']}" if t["drafted"] else "-"
             cells += [f"{t['tokens_per_second']:.0f}", f"{rate} ({t['tokens_per_pass']:.2f})"]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for dtype, row in results["dflash2"].items():
+        lines.append(f"| dflash2 {dtype} (plain / draft, tau) | {row['plain']:.0f} / {row['draft']:.0f} | "
+                     f"tau {row['tau']:.2f} |" + " |" * (2 * len(kinds) - 2))
     lines.append("| advice | " + " | ".join(f"{results['types'][k]['advised']} "
                                              f"({'fastest' if results['types'][k]['advice_is_fastest'] else 'NOT fastest'})"
                                              " | " for k in kinds) + "|")

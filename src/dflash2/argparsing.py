@@ -31,9 +31,9 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Callable, NoReturn
 
-from dflash2.cache import RECALIBRATE_ENV
+from dflash2.files.cache import RECALIBRATE_ENV
 from dflash2.errors import DFlash2Error, require
-from dflash2.machine import check_threads
+from dflash2.runtime.machine import check_threads
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -25,7 +25,7 @@ Contract:
   chooses them (dflash2's own Llama for SmolLM2 under `auto`; transformers' when asked, for
   Hugging Face `generate()`).
 - `lattice` (default False): the draft's lattice's second path may be verified beside its path as
-  a token tree (`decoding.engine`), where the policy prices it as paying; False: the draft's path
+  a token tree (`decoding.loop.engine`), where the policy prices it as paying; False: the draft's path
   alone (measured faster on a 2-core CPU, BENCHMARKS.md section 8).
 - `load_decoder(...)` = `prepare_decoder(...).load()` -> `Pipeline` with the decoder, the
   tokenizer, the stop tokens and a one-line description of the draft in use ("untrained" when no
@@ -45,18 +45,18 @@ from pathlib import Path
 import torch
 
 from dflash2.argparsing import ModelSettings
-from dflash2.decoding.context import check_context, effective_block_size
-from dflash2.decoding.engine import LOOKUP_BLOCK_SIZE, PROPOSERS, GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.context import check_context, effective_block_size
+from dflash2.decoding.loop.engine import LOOKUP_BLOCK_SIZE, PROPOSERS, GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.policy import SPECULATE_MODES
-from dflash2.decoding.verifier import TargetAdapter, context_limit
-from dflash2.dtypes import parse_dtype
+from dflash2.decoding.target.verifier import TargetAdapter, context_limit
+from dflash2.runtime.dtypes import parse_dtype
 from dflash2.errors import DFlash2Error, require
-from dflash2.machine import require_memory
+from dflash2.runtime.machine import require_memory
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape, target_text_config
-from dflash2.provenance import cpu_has_native_bf16
+from dflash2.runtime.provenance import cpu_has_native_bf16
 from dflash2.targets.builtin import (BUILTIN_TARGETS, TargetFiles, TargetShape, builtins_shaped, load_target_model,
                                      open_target)
 from dflash2.targets.chat import choose_mask_token, stop_token_ids

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from dflash2.argparsing import OneLineParser, parse_list, run_command
 from dflash2.errors import require
-from dflash2.fileio import markdown_table, require_writable, write_json
+from dflash2.files.atomic import markdown_table, require_writable, write_json
 
 ENGINES = ("dflash2", "llama.cpp", "vllm", "mlx")
 DTYPES = ("float32", "bfloat16", "float16")

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, LlamaFileType, qu
 
 from dflash2.errors import require
 from dflash2.export.gguf_vocab import read_fields
-from dflash2.fileio import atomic_file
+from dflash2.files.atomic import atomic_file
 
 UNQUANTIZED = {"float32": (GGMLQuantizationType.F32, LlamaFileType.ALL_F32),
                "bfloat16": (GGMLQuantizationType.BF16, LlamaFileType.MOSTLY_BF16)}

@@ -99,8 +99,8 @@ def advice_for(lc: llama_cpp.LlamaCpp, target_gguf: Path, draft_gguf: Path, expe
 def dflash2_target(target: str) -> str:
     """The Hugging Face target dflash2 measures E(k) on: a built-in name as it is, a target's .gguf
     converted once into the cache (float32, `targets.builtin.convert_gguf`)."""
-    from dflash2.cache import cache_dir
-    from dflash2.fileio import sha256_file
+    from dflash2.files.cache import cache_dir
+    from dflash2.files.atomic import sha256_file
     from dflash2.targets.builtin import BUILTIN_TARGETS, convert_gguf
 
     if target in BUILTIN_TARGETS or not target.endswith(".gguf"):
@@ -117,7 +117,8 @@ def advice_for_export(lc: llama_cpp.LlamaCpp, target: str, draft_dir: Path, draf
     from dflash2.export.gguf_vocab import target_gguf
     from dflash2.pipeline import load_decoder
 
-    pipe = load_decoder(dflash2_target(target), str(draft_dir), draft_dtype="float32", proposer="draft")
+    pipe = load_decoder(dflash2_target(target), str(draft_dir), dtype="float32", draft_dtype="float32",
+                        proposer="draft")
     settings = AdviceSettings(max_drafts=pipe.decoder.draft.config.block_size - 1, new_tokens=new_tokens,
                               threads=threads)
     ids = measurement_prompts(pipe.tokenizer, max(prompts, 1))

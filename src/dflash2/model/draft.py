@@ -39,12 +39,11 @@ from torch import nn
 from dflash2.model.config import DFlash2Config
 from dflash2.model.conv import GroupedDynamicConv
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import atomic_directory, atomic_file, atomic_write
+from dflash2.files.atomic import atomic_directory, atomic_file, atomic_write
 from dflash2.model.selector import CandidateSelector
 from dflash2.model.swiglu import SwiGLU
-from dflash2.weights import require_finite, safetensors_header
-from dflash2.tensorfiles import save_safetensors
-from dflash2.userjson import parse_json
+from dflash2.files.weights import require_finite, safetensors_header, save_safetensors
+from dflash2.files.userjson import parse_json
 
 
 CONFIG_FILE = "config.json"
