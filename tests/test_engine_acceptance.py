@@ -205,9 +205,9 @@ def test_llama_cpp_on_the_same_weights_accepts_what_dflash2_accepts(tmp_path, sm
     job = arms.Job(shipped_draft_path("smollm2"), str(smollm2_cache[1]), BUILTIN_TARGETS["smollm2"].locate_gguf(tmp_path),
                    prompts, [pipe.tokenizer.decode(p) for p in prompts], 24, tuple(pipe.stop_token_ids), tmp_path)
     ours = arms.dflash2_arm(job, "float32")
-    theirs = arms.llama_cpp_arm(job, LLAMA, "f32", 8, 2)
+    theirs = arms.llama_cpp_arm(job, LLAMA, "f32", 8, 1)
     assert theirs.status == "ok", theirs.reason
     assert not theirs.notes   # llama.cpp tokenizes each prompt as dflash2 does
     for mine, other in zip(ours.runs, theirs.runs):
         assert other["committed"] == mine["committed"]
-        assert other["text"].strip() == pipe.tokenizer.decode(mine["tokens"]).strip()
+        assert acceptance.same_text(other["text"], mine["tokens"], pipe.tokenizer)

@@ -31,6 +31,7 @@ import torch
 
 from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.eval import acceptance_arms as arms
+from dflash2.eval.acceptance import same_text
 from dflash2.eval import engine_peers
 from dflash2.export import ExportSettings, export_draft
 from dflash2.export import llama_cpp
@@ -132,8 +133,7 @@ def llama_cpp_checks(pipe, prompts, shipped: Path, scratch: Path, max_new: int, 
             ref = reference[ref_key]
             row.update(sequences=len(ref),
                        identical_cycles=sum(a["committed"] == r["committed"] for a, r in zip(arm.runs, ref)),
-                       identical_text=sum(a["text"].strip() == pipe.tokenizer.decode(r["tokens"]).strip()
-                                          for a, r in zip(arm.runs, ref)),
+                       identical_text=sum(same_text(a["text"], r["tokens"], pipe.tokenizer) for a, r in zip(arm.runs, ref)),
                        accepted=[a["n_accept"] for a in arm.runs], drafted=[a["n_drafted"] for a in arm.runs],
                        dflash2_accepted=[sum(c - 1 for c in r["committed"]) for r in ref],
                        cycles=[a["committed"] for a in arm.runs], dflash2_cycles=[r["committed"] for r in ref])
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--llama-types", default="f32,bf16,q4_1", help="target GGUFs llama.cpp runs (f32 / bf16: the "
                    "target's GGUF dequantised; q4_1: its own)")
-    p.add_argument("--llama-threads", type=int, default=2)
+    p.add_argument("--llama-threads", type=int, default=1)
     p.add_argument("--skip", default="", help="comma list of vllm, mlx, llama")
     p.add_argument("--threads", type=int, default=1, help="torch threads of this engine (1 is steadiest on a "
                    "shared 2-core machine)")

