@@ -7,13 +7,15 @@ default `.venv-mlx`), never imported by dflash2, importing nothing from it. Prot
     MLX_PYTHON mlx_runner.py RESULT.json  < request.json
 
 request: {"target": HF dir, "draft": dir | null, "max_new_tokens": N, "stop_token_ids": [...],
+          "dtype": "float32" (default, as stored) | "bfloat16" | "float16",
           "fix_rope_theta": true, "prompts": {dataset: [[token ids], ...]}}
 result:  {"ok": true, "engine": "mlx", "versions": {...}, "speculative": bool, "notes": [...],
           "datasets": {dataset: [RUN, ...]}}
          RUN = {"tokens": [...], "acceptance_lengths": [...], "seconds": s}
       or {"ok": false, "error": "one line", "traceback": "..."}
 
-The target is loaded by `mlx_lm.load` from the local directory (fp32 as stored). With a draft:
+The target is loaded by `mlx_lm.load` from the local directory (fp32 as stored); another `dtype`
+casts the target's and the draft's parameters (`nn.Module.set_dtype`). With a draft:
 `dflash.model_mlx.load_draft` (it asks the hub for a snapshot of its argument; the runner hands it
 the local directory instead) and `stream_generate`, greedy; each response after the first is one
 verification and carries its committed tokens (`accepted`), the first is the prefill's token.
@@ -68,6 +70,11 @@ def load(request: dict, scratch: Path):
     if request.get("draft"):
         dm.snapshot_download = lambda repo_id, **_: repo_id  # a local directory, never the hub
         draft = dm.load_draft(request["draft"])
+    if request.get("dtype", "float32") != "float32":
+        import mlx.core as mx
+        for module in (model, draft):
+            if module is not None:
+                module.set_dtype(getattr(mx, request["dtype"]))
     return model, tokenizer, draft
 
 
@@ -124,7 +131,8 @@ def run(request: dict) -> dict:
         for i, ids in enumerate(prompts):
             datasets[name].append(one(ids, max_new))
             log(f"{name}: {i + 1}/{len(prompts)}")
-    notes = [f"greedy, batch 1, {'dflash.model_mlx.stream_generate' if draft is not None else 'mlx_lm generate_step'}"
+    notes = [f"greedy, batch 1, {request.get('dtype', 'float32')}, "
+             f"{'dflash.model_mlx.stream_generate' if draft is not None else 'mlx_lm generate_step'}"
              f", device {mx.default_device()}"] + ([request["_note"]] if request.get("_note") else [])
     return {"ok": True, "engine": "mlx", "speculative": draft is not None, "notes": notes,
             "versions": {"mlx": mx.__version__, "mlx-lm": mlx_lm.__version__, "dflash": version("dflash")},

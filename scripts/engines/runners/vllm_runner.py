@@ -7,13 +7,14 @@ default `.venv-vllm`), never imported by dflash2, importing nothing from it. Pro
     VLLM_PYTHON vllm_runner.py RESULT.json  < request.json
 
 request: {"target": HF dir, "draft": dir | null, "num_speculative_tokens": 7, "max_new_tokens": N,
+          "dtype": "float32" (default) | "bfloat16" | "float16",
           "stop_token_ids": [...], "max_model_len": 4096, "prompts": {dataset: [[token ids], ...]}}
 result:  {"ok": true, "engine": "vllm", "versions": {...}, "speculative": bool, "notes": [...],
           "datasets": {dataset: [RUN, ...]}}
          RUN = {"tokens": [...], "acceptance_lengths": [...], "seconds": s}
       or {"ok": false, "error": "one line", "traceback": "..."}
 
-Greedy (temperature 0), batch 1, fp32, eager mode, the engine core in this process
+Greedy (temperature 0), batch 1, the request's dtype (fp32 by default: exact comparisons), eager mode, the engine core in this process
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so that every `LLMEngine.step()` is one scheduler step. Per
 step the request gains the tokens of one verification (accepted drafts + the bonus token); the
 first step is the prefill, whose token is output but not a verification, so it is left out of
@@ -44,7 +45,7 @@ def build(request: dict):
     if request.get("draft"):
         extra["speculative_config"] = {"method": "dflash", "model": request["draft"],
                                        "num_speculative_tokens": int(request.get("num_speculative_tokens", 7))}
-    return LLM(model=request["target"], dtype="float32", max_model_len=int(request.get("max_model_len", 4096)),
+    return LLM(model=request["target"], dtype=request.get("dtype", "float32"), max_model_len=int(request.get("max_model_len", 4096)),
                enforce_eager=True, max_num_seqs=1, seed=0, **extra)
 
 
@@ -88,7 +89,7 @@ def run(request: dict) -> dict:
             rows.append(run_one(llm, ids, request, int(request["max_new_tokens"]), f"{name}-{i}"))
             log(f"{name}: {i + 1}/{len(prompts)}")
         datasets[name] = rows
-    notes = ["greedy, batch 1, fp32, eager, V1 model runner (the CPU build has no Triton for the V2 runner, "
+    notes = [f"greedy, batch 1, {request.get('dtype', 'float32')}, eager, V1 model runner (the CPU build has no Triton for the V2 runner, "
              "which DFlash2's selector needs); acceptance per verification step, prefill token excluded"]
     return {"ok": True, "engine": "vllm", "speculative": bool(request.get("draft")), "notes": notes,
             "versions": {"vllm": vllm.__version__, "torch": torch.__version__,
