@@ -21,8 +21,8 @@ import sys
 import time
 
 from dflash2.data.prompts import load_conversations
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.target.verifier import TargetAdapter
 from dflash2.pipeline import load_decoder
 from dflash2.targets.chat import encode_messages
 

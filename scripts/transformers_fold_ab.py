@@ -15,7 +15,7 @@ import statistics
 import time
 
 from dflash2.data.prompts import load_conversations
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.pipeline import load_decoder
 from dflash2.targets.chat import encode_messages
 from dflash2.targets.grouped_attention import stock_attention

@@ -14,10 +14,10 @@ import torch
 
 import random
 
-from dflash2.decoding.engine import SpeculativeDecoder
-from dflash2.decoding.cycle import Choice, CyclePlan
+from dflash2.decoding.loop.engine import SpeculativeDecoder
+from dflash2.decoding.policy.cycle import Choice, CyclePlan
 from dflash2.decoding.policy import SpeculationPolicy
-from dflash2.decoding.proposer import Proposal
+from dflash2.decoding.proposers.draft import Proposal
 from dflash2.targets.tiny import tiny_draft, tiny_target
 
 TEST_DEVICE = torch.device(os.environ.get("DFLASH2_TEST_DEVICE", "cpu"))
@@ -123,7 +123,7 @@ def tiny_models():
 
 @pytest.fixture(scope="session", autouse=True)
 def private_cache(tmp_path_factory):
-    """Every cache dflash2 writes (`dflash2.cache.cache_dir()`: converted built-in targets, stored
+    """Every cache dflash2 writes (`dflash2.files.cache.cache_dir()`: converted built-in targets, stored
     cost-model calibrations) lives, for the whole session, in one temporary directory: no test
     writes into the user's `~/.cache/dflash2` (or a `$DFLASH2_CACHE` the user set), and the
     subprocesses the tests start inherit it. A test that wants an empty cache points

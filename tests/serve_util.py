@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.target.verifier import TargetAdapter
 from dflash2.pipeline import Pipeline
 from dflash2.serve.command import bind, make_server, url_of
 from dflash2.serve.settings import ServeSettings

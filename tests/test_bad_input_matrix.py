@@ -145,7 +145,7 @@ CASES = {
         Case((*G, "--target", "target-junk"), "target-junk"),
         Case((*G, "--target", "afile.txt"), "unknown target 'afile.txt'"),
         Case((*G, "--target", "no/such-model"), "'no/such-model'"),
-        Case((*G, *T, "--no-draft"), "interrupted", 130, _interrupt("dflash2.decoding.engine:SpeculativeDecoder.decode_events"),
+        Case((*G, *T, "--no-draft"), "interrupted", 130, _interrupt("dflash2.decoding.loop.engine:SpeculativeDecoder.decode_events"),
              loads=True, chatter="#"),
     ],
     "init-draft": [
@@ -169,11 +169,11 @@ CASES = {
         Case(("init-draft", *T, "--out", "loop-a/sub"), "'loop-a' is a symbolic link that leads nowhere"),
         Case(("init-draft", "--target", "nosuch", "--out", "new"), "unknown target 'nosuch'"),
         Case(("init-draft", "--target", "target-junk", "--out", "new"), "target-junk"),
-        Case(("init-draft", *T, "--out", "new"), "interrupted", 130, _interrupt("dflash2.tensorfiles:save_file")),
+        Case(("init-draft", *T, "--out", "new"), "interrupted", 130, _interrupt("dflash2.files.weights:save_file")),
         Case(("init-draft", *T, "--out", "project", "--force"), "interrupted", 130,
-             _interrupt("dflash2.tensorfiles:save_file")),
+             _interrupt("dflash2.files.weights:save_file")),
         Case(("init-draft", *T, "--out", "new"), "No space left on device", 2,
-             _interrupt("dflash2.tensorfiles:save_file", DISK_FULL)),
+             _interrupt("dflash2.files.weights:save_file", DISK_FULL)),
     ],
     "convert-target": [
         Case(("convert-target",), "name"),
@@ -247,7 +247,7 @@ CASES = {
               "100000"), "--max-new-tokens 100000: the longest prompt does not fit"),
         Case(("regenerate", *T, "--source", "synthetic", "--out", "new", "--num-prompts", "2", "--no-progress",
               "--max-new-tokens", "16"), "interrupted; finished records are saved", 130,
-             _interrupt("dflash2.decoding.engine:DecodeSession.step"), loads=True, writes=True,
+             _interrupt("dflash2.decoding.loop.engine:DecodeSession.step"), loads=True, writes=True,
              chatter="dflash2 regenerate: "),
     ],
     "bench": [
@@ -390,7 +390,7 @@ def test_subprocess_sigint_exits_130_with_one_line(work):
     code = ("import signal, sys, time\n"
             # a user's terminal delivers Ctrl-C; a test run started in the background inherits SIGINT ignored
             "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "from dflash2.decoding import engine\n"
+            "from dflash2.decoding.loop import engine\n"
             "def events(*args, **kwargs):\n"
             "    signal.raise_signal(signal.SIGINT)\n"   # to this thread: torch's threads cannot take it
             "    time.sleep(30)\n"                        # the handler runs here at the latest

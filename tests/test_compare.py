@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.target.verifier import TargetAdapter
 from dflash2.eval.compare import WARMUP_TOKENS, compare
 from dflash2.targets.tiny import tiny_draft, tiny_target
 

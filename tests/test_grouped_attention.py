@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.target.verifier import TargetAdapter
 from dflash2.targets import grouped_attention
 from dflash2.targets.grouped_attention import fold_queries, folded_attention, stock_attention
 from dflash2.targets.tiny import tiny_target

@@ -17,9 +17,9 @@ from transformers import AutoModelForCausalLM
 
 from dflash2.cli import main
 from dflash2.data.shards import load_manifest, read_records
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
-from dflash2.eval import rollback
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.target.verifier import TargetAdapter
+from dflash2.tools.profile import rollback
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.targets.tiny import tiny_target
@@ -117,7 +117,7 @@ def test_train_yardstick_bench_export(workplace, capsys, monkeypatch):
 
 
 def test_rollback_cost_runs_on_the_hybrid(workplace, capsys):
-    """`python -m dflash2.eval.rollback`: one row per batch size, the target named as a hybrid."""
+    """`python -m dflash2.tools.profile.rollback`: one row per batch size, the target named as a hybrid."""
     out = workplace / "rollback.json"
     assert rollback.main(["--target", str(workplace / "target"), "--batch", "1,2", "--block", "4", "--repeats", "1",
                           "--json", str(out)]) == 0

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from conftest import TEST_DEVICE, OracleDecoder, OracleProposer
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.cycle import LATTICE, Choice, CyclePlan, CycleRecord, Offer
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.policy.cycle import LATTICE, Choice, CyclePlan, CycleRecord, Offer
 from dflash2.decoding.policy import SpeculationPolicy
-from dflash2.decoding.proposer import Proposal
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.proposers.draft import Proposal
+from dflash2.decoding.target.verifier import TargetAdapter
 from dflash2.model.selector import SecondPath
 from dflash2.targets.tiny import tiny_draft, tiny_target
 from test_lookup import NEW_TOKENS, VOCAB, reference

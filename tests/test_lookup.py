@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from conftest import TEST_DEVICE, OracleDecoder, with_speculation
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.lookup import LookupProposer, Match, NgramIndex, SuffixStore, lookup_confidence
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.proposers.lookup import LookupProposer, Match, NgramIndex, SuffixStore, lookup_confidence
+from dflash2.decoding.target.verifier import TargetAdapter
 from dflash2.errors import DFlash2Error
 from dflash2.targets.tiny import tiny_draft, tiny_target
 

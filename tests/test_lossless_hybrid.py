@@ -15,10 +15,10 @@ from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
 
 from conftest import TEST_DEVICE, OracleDecoder, OracleProposer, with_speculation
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.proposer import Proposal
-from dflash2.decoding.recurrent import RecurrentLayer, delta_rule_block
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.proposers.draft import Proposal
+from dflash2.decoding.target.recurrent import RecurrentLayer, delta_rule_block
+from dflash2.decoding.target.verifier import TargetAdapter
 from dflash2.errors import DFlash2Error
 from dflash2.targets.tiny import HYBRID_FAMILIES, tiny_config, tiny_draft, tiny_target
 from test_lossless_greedy import run_batched

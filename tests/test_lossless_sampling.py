@@ -18,11 +18,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import dflash2.decoding.engine as engine_module
-from dflash2.decoding.acceptance import sample_accept
-from dflash2.rng import sample_from
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
+import dflash2.decoding.loop.engine as engine_module
+from dflash2.decoding.loop.acceptance import sample_accept
+from dflash2.runtime.rng import sample_from
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.target.verifier import TargetAdapter
 from dflash2.targets.tiny import tiny_draft, tiny_target
 from conftest import TEST_DEVICE, with_speculation
 

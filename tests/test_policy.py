@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from dflash2.decoding.costs import CostModel
-from dflash2.decoding.acceptance_model import AcceptanceModel, expected_tokens
-from dflash2.decoding.cycle import Choice, CycleRecord, Offer
+from dflash2.decoding.policy.costs import CostModel
+from dflash2.decoding.policy.acceptance_model import AcceptanceModel, expected_tokens
+from dflash2.decoding.policy.cycle import Choice, CycleRecord, Offer
 from dflash2.decoding.policy import SpeculationPolicy
 
 
@@ -324,7 +324,7 @@ def test_a_fixed_batch_verifies_width_when_finishing_rows_early_makes_the_rest_c
 
 
 def test_plain_decoding_time_of_a_fixed_batch_counts_the_rows_still_running():
-    from dflash2.decoding.horizon import plain_seconds, saved_seconds, step_curve
+    from dflash2.decoding.policy.horizon import plain_seconds, saved_seconds, step_curve
     steps = [0.05, 0.08, 0.1]                                          # 1, 2, 3 rows
     assert plain_seconds([2, 5, 3], steps) == pytest.approx(2 * 0.1 + 1 * 0.08 + 2 * 0.05)
     assert saved_seconds([2, 5, 3], [1, 1, 1], steps) == pytest.approx(0.1)   # a plain step saves its time
@@ -381,7 +381,7 @@ def test_two_explored_sources_share_one_exploration_budget():
 def test_a_plain_step_of_more_rows_never_costs_less():
     """Noisy timings can put 4 rows below 3; the fixed batch's objective then takes the dearer figure,
     so a cycle never saves a negative time."""
-    from dflash2.decoding.horizon import saved_seconds, step_curve
+    from dflash2.decoding.policy.horizon import saved_seconds, step_curve
     steps = step_curve(4, {1: 0.05, 2: 0.08, 4: 0.0}.__getitem__)
     assert steps == sorted(steps) and steps[0] == 0.05
     assert saved_seconds([35, 40, 20, 11], [1.0, 4.0, 2.5, 4.0], steps) > 0

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dflash2.training import regenerate as regen
-from dflash2.decoding.engine import DecodeSession
+from dflash2.decoding.loop.engine import DecodeSession
 from dflash2.errors import DFlash2Error
 from dflash2.training.regenerate import Prompt, generate_shards, sampling_fields, target_fields
 from dflash2.data.shards import Record, ShardWriter, done_ids, load_manifest, loss_mask, read_records
@@ -171,7 +171,7 @@ def test_responses_are_the_targets_greedy_output(tmp_path, target, batch_size):
 def test_a_running_batch_sheds_the_padding_of_finished_rows(target):
     import torch
 
-    from dflash2.decoding.verifier import TargetAdapter
+    from dflash2.decoding.target.verifier import TargetAdapter
 
     adapter = TargetAdapter(target, None)
     long, short = [1] + list(range(3, 43)), [1, 5, 6]

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from dflash2.decoding.engine import GenerationConfig
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.errors import ContextLimitError
 from dflash2.targets.tiny import TinyTokenizer
 from serve_util import API_KEY, POISON_TEXT, LiveServer, reference, start_server_process, tiny_serving_pipeline

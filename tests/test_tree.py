@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from conftest import TEST_DEVICE
-from dflash2.decoding.costs import CostModel
-from dflash2.decoding.engine import GenerationConfig
-from dflash2.decoding.lookup import LookupProposer
-from dflash2.decoding.cycle import Choice, CyclePlan, Offer
+from dflash2.decoding.policy.costs import CostModel
+from dflash2.decoding.loop.engine import GenerationConfig
+from dflash2.decoding.proposers.lookup import LookupProposer
+from dflash2.decoding.policy.cycle import Choice, CyclePlan, Offer
 from dflash2.decoding.policy import SpeculationPolicy
-from dflash2.decoding.tree_expectation import tree_options
-from dflash2.decoding.proposer import Proposal
-from dflash2.decoding.tree import kept_nodes, pack_tree, tree_greedy_accept, tree_nodes
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.policy.tree_expectation import tree_options
+from dflash2.decoding.proposers.draft import Proposal
+from dflash2.decoding.proposers.tree import kept_nodes, pack_tree, tree_greedy_accept, tree_nodes
+from dflash2.decoding.target.verifier import TargetAdapter
 from dflash2.targets.tiny import tiny_draft, tiny_target
 from test_lookup import NEW_TOKENS, VOCAB, reference
 
@@ -278,7 +278,7 @@ def test_trees_with_requests_joining_a_running_batch(tiny_models):
 def test_hybrid_with_a_real_draft_verifies_trees_and_stays_exact(tiny_models):
     """The shipped decoder (`proposer="hybrid"`, `speculate="always"`, real tiny draft): the policy
     itself chooses trees where they are expected to commit more, and the output is exact."""
-    from dflash2.decoding.engine import SpeculativeDecoder
+    from dflash2.decoding.loop.engine import SpeculativeDecoder
 
     target = tiny_models["llama"]
     prompts, expected = reference("llama", target)

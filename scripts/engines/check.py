@@ -2,7 +2,7 @@
 llama.cpp, compared token for token and cycle for cycle with this project's engine.
 
 Run by scripts/engines_check.sh with the project's venv (the engines run in their own venvs through
-the runners of `dflash2.tools.runners`). Writes OUT/results.json and OUT/results.md.
+the runners in scripts/engines/runners). Writes OUT/results.json and OUT/results.md.
 
     python scripts/engines/check.py [--out runs/engines] [--prompts 4] [--max-new-tokens 64]
                                     [--llama-prompts 2] [--skip vllm,mlx,llama]
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from dflash2.decoding.engine import GenerationConfig
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.eval import engine_peers
 from dflash2.export import ExportSettings, export_draft
 from dflash2.export.acceptance_cost import classical_decoder, measurement_prompts

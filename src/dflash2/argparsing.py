@@ -31,9 +31,9 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Callable, NoReturn
 
-from dflash2.cache import RECALIBRATE_ENV
+from dflash2.files.cache import RECALIBRATE_ENV
 from dflash2.errors import DFlash2Error, require
-from dflash2.machine import check_threads
+from dflash2.runtime.machine import check_threads
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -154,7 +154,7 @@ def add_model_arguments(parser, several_proposers: bool = False) -> None:
     parser.add_argument("--lattice", action="store_true",
                         help="let greedy rows verify the second path of the draft's candidate lattice beside its "
                              "path as a token tree, where the cost model says it pays (off by default: it did "
-                             "not pay on a 2-core CPU, BENCHMARKS.md section 8)")
+                             "not pay on a 2-core CPU, BENCHMARKS.md section 1.3)")
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
     add_recalibrate_argument(parser)
 

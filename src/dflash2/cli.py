@@ -30,9 +30,9 @@ from pathlib import Path
 
 from dflash2.argparsing import OneLineParser, add_recalibrate_argument, apply_recalibrate, exit_now, run_command
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import refuse_existing_output
+from dflash2.files.atomic import refuse_existing_output
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape
-from dflash2.userjson import parse_json
+from dflash2.files.userjson import parse_json
 
 # Subcommands implemented in their own modules: name -> (module, help).
 _DELEGATED = {
@@ -114,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_generate(args) -> int:
     import torch
 
-    from dflash2.decoding.engine import GenerationConfig
-    from dflash2.machine import check_threads
+    from dflash2.decoding.loop.engine import GenerationConfig
+    from dflash2.runtime.machine import check_threads
     from dflash2.eval.compare import compare
     from dflash2.pipeline import prepare_decoder
     from dflash2.targets.chat import encode_messages, encode_prompt

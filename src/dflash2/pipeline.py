@@ -25,8 +25,8 @@ Contract:
   chooses them (dflash2's own Llama for SmolLM2 under `auto`; transformers' when asked, for
   Hugging Face `generate()`).
 - `lattice` (default False): the draft's lattice's second path may be verified beside its path as
-  a token tree (`decoding.engine`), where the policy prices it as paying; False: the draft's path
-  alone (measured faster on a 2-core CPU, BENCHMARKS.md section 8).
+  a token tree (`decoding.loop.engine`), where the policy prices it as paying; False: the draft's path
+  alone (measured faster on a 2-core CPU, BENCHMARKS.md section 1.3).
 - `load_decoder(...)` = `prepare_decoder(...).load()` -> `Pipeline` with the decoder, the
   tokenizer, the stop tokens and a one-line description of the draft in use ("untrained" when no
   trained draft exists for that target).
@@ -45,30 +45,30 @@ from pathlib import Path
 import torch
 
 from dflash2.argparsing import ModelSettings
-from dflash2.decoding.context import check_context, effective_block_size
-from dflash2.decoding.engine import LOOKUP_BLOCK_SIZE, PROPOSERS, GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.context import check_context, effective_block_size
+from dflash2.decoding.loop.engine import LOOKUP_BLOCK_SIZE, PROPOSERS, GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.policy import SPECULATE_MODES
-from dflash2.decoding.verifier import TargetAdapter, context_limit
-from dflash2.dtypes import parse_dtype
+from dflash2.decoding.target.verifier import TargetAdapter, context_limit
+from dflash2.runtime.dtypes import parse_dtype
 from dflash2.errors import DFlash2Error, require
-from dflash2.machine import require_memory
+from dflash2.runtime.machine import require_memory
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape, target_text_config
-from dflash2.provenance import cpu_has_native_bf16
+from dflash2.runtime.provenance import cpu_has_native_bf16
 from dflash2.targets.builtin import (BUILTIN_TARGETS, TargetFiles, TargetShape, builtins_shaped, load_target_model,
                                      open_target)
 from dflash2.targets.chat import choose_mask_token, stop_token_ids
 
-# with a trained draft, the fastest measured (demo chat: hybrid 0.988x, draft 0.974x; grounded 2.57x vs 0.97x;
-# BENCHMARKS.md section 8)
+# with a trained draft, the fastest measured at batch 1 (full protocol, T=0: hybrid 1.80x, lookup 1.69x,
+# draft 1.20x of plain decoding; BENCHMARKS.md section 1)
 DEFAULT_PROPOSER = "hybrid"
 
 def draft_dtype_for(name: str, device: str, target_dtype: torch.dtype) -> torch.dtype:
     """`auto`: bfloat16 on CPUs with native bf16 matmul (there the draft is memory-bound), else the
     target's dtype: on CUDA a small draft is launch-bound and ran faster in fp32 than in bf16 (H200,
-    BENCHMARKS.md section 4), while a large target in bf16 gets a bf16 draft. The draft's precision
+    BENCHMARKS.md section 11.3), while a large target in bf16 gets a bf16 draft. The draft's precision
     cannot change the output (the target decides every token)."""
     if name != "auto":
         return parse_dtype(name)

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Iterator, TextIO
 from dflash2.data.conversation import Conversation
 from dflash2.data.synthetic.conversations import iter_synthetic_conversations
 from dflash2.errors import DFlash2Error, require
-from dflash2.userjson import parse_json
+from dflash2.files.userjson import parse_json
 
 BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
 

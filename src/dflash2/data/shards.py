@@ -46,7 +46,7 @@ import numpy as np
 
 from dflash2 import __version__
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import atomic_write, require_creatable
+from dflash2.files.atomic import atomic_write, require_creatable
 
 FORMAT = "dflash2-token-shards"
 FORMAT_VERSION = 1

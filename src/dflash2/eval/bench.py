@@ -47,7 +47,7 @@ from tqdm import tqdm
 
 from dflash2.argparsing import ModelSettings, OneLineParser, add_model_arguments, parse_list
 from dflash2.data.prompts import BENCHMARKS, load_conversations
-from dflash2.decoding.engine import PROPOSERS, GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import PROPOSERS, GenerationConfig, SpeculativeDecoder
 from dflash2.errors import DFlash2Error, require
 from dflash2.eval import engine_peers
 from dflash2.eval import peers as peer_runs
@@ -55,10 +55,10 @@ from dflash2.eval import plots
 from dflash2.eval.bench_report import render_markdown
 from dflash2.eval.bench_runs import DEFINITIONS, DatasetRun, PairRuns, Side, entry
 from dflash2.eval.parts import PartStore, run_fingerprint, weights_digest
-from dflash2.fileio import check_output, fmt, write_json, write_text
+from dflash2.files.atomic import check_output, fmt, write_json, write_text
 from dflash2.pipeline import Pipeline, build_pipeline, shipped_draft_path
-from dflash2.provenance import cpu_ticks, git_commit, machine_identity, machine_info, machine_line, steal_share
-from dflash2.dtypes import parse_dtype
+from dflash2.runtime.provenance import cpu_ticks, git_commit, machine_identity, machine_info, machine_line, steal_share
+from dflash2.runtime.dtypes import parse_dtype
 from dflash2.targets.builtin import BUILTIN_TARGETS, load_target_model, open_target, resolve_target
 from dflash2.targets.chat import encode_messages
 from dflash2.targets.grouped_attention import stock_attention

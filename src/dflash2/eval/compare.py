@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from dflash2.decoding.engine import GenerationConfig, GenerationResult, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig, GenerationResult, SpeculativeDecoder
 
 WARMUP_TOKENS = 16
 

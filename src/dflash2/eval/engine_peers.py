@@ -27,7 +27,7 @@ from pathlib import Path
 from dflash2.eval.peers import _report, _run_streaming, summarize
 from dflash2.export import ExportSettings, export_draft
 
-RUNNERS = Path(__file__).resolve().parents[1] / "tools" / "runners"   # out-of-process engine scripts
+RUNNERS = Path(__file__).resolve().parents[3] / "scripts" / "engines" / "runners"   # out-of-process engine scripts
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.export.settings import AcceptanceCost
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.pipeline import Pipeline

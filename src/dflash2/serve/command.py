@@ -127,7 +127,7 @@ def load_pipeline(settings: ServeSettings):
     if settings.tiny:
         pipeline = tiny_pipeline(0, "never" if settings.no_draft else settings.speculate)
     else:
-        from dflash2.decoding.lookup import SuffixStore
+        from dflash2.decoding.proposers.lookup import SuffixStore
 
         pipeline = load_decoder(settings.target, settings.draft, settings.device, settings.dtype, settings.no_draft,
                                 settings.draft_dtype, settings.speculate, settings.proposer)

@@ -15,7 +15,7 @@ Contract:
 - The scheduler thread sends a job's results through `job.sink` (thread-safe): `Progress`
   (the pieces of text one cycle released, one per committed token), then `Finished` or `Failed`.
 - Token origins, per committed token: "draft" (an accepted token of the draft model), "lookup"
-  (an accepted lookup proposal: `decoding.lookup`), "target" (the target's own token closing a
+  (an accepted lookup proposal: `decoding.proposers.lookup`), "target" (the target's own token closing a
   speculative cycle) or "plain" (a plain target step, or the prefill's first token). `Job.stats()` counts like `RowStats`: acceptance length = tokens committed by
   speculative cycles / speculative cycles (= (draft + target) / target tokens, unless the last
   cycle was cut short by a stop or the length limit).
@@ -28,8 +28,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from dflash2.decoding.context import context_room
-from dflash2.decoding.engine import GenerationConfig
+from dflash2.decoding.loop.context import context_room
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.errors import ContextLimitError, DFlash2Error
 from dflash2.serve.protocol import ApiError, ApiRequest, bad_request
 from dflash2.serve.settings import RequestDefaults

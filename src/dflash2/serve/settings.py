@@ -16,10 +16,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from dflash2.decoding.engine import GenerationConfig
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.decoding.policy import SPECULATE_MODES
 from dflash2.errors import DFlash2Error, require
-from dflash2.machine import check_threads
+from dflash2.runtime.machine import check_threads
 
 API_KEY_ENV = "DFLASH2_API_KEY"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")

@@ -55,12 +55,12 @@ from typing import Callable
 
 import torch
 
-from dflash2.cache import cache_dir  # noqa: F401 (also this module's public name)
+from dflash2.files.cache import cache_dir  # noqa: F401 (also this module's public name)
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import atomic_directory, remove_stale_temporaries, sha256_file
+from dflash2.files.atomic import atomic_directory, remove_stale_temporaries, sha256_file
 from dflash2.targets import llama
 from dflash2.targets.tokenizer_files import record_added_tokens
-from dflash2.weights import safetensors_header
+from dflash2.files.weights import safetensors_header
 
 SOURCE_RECORD = "dflash2_source.json"
 """File written last into every converted directory; its presence marks a finished conversion."""

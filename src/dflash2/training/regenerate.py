@@ -44,13 +44,13 @@ from tqdm import tqdm
 
 from dflash2.argparsing import OneLineParser
 from dflash2.targets.chat import encode_prompt, stop_token_ids
-from dflash2.decoding.context import check_context, effective_block_size
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import context_limit
+from dflash2.decoding.loop.context import check_context, effective_block_size
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.target.verifier import context_limit
 from dflash2.model.shape import target_text_config
 from dflash2.errors import DFlash2Error, require
 from dflash2.data.shards import Record, ShardWriter
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.target.verifier import TargetAdapter
 
 
 @dataclass

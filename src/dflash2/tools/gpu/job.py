@@ -313,8 +313,8 @@ def write_outputs(run_dir: Path, out_dir: Path, part_bytes: int, summary: dict, 
 
 def check_lossless(target_model, draft_dir: Path, prompts: list[list[int]], max_new_tokens: int = 12) -> bool:
     """Whether speculative greedy decoding with the draft in `draft_dir` equals plain decoding."""
-    from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-    from dflash2.decoding.verifier import TargetAdapter
+    from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+    from dflash2.decoding.target.verifier import TargetAdapter
     from dflash2.model.draft import DFlash2DraftModel
 
     device = next(target_model.parameters()).device

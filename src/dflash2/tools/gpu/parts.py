@@ -45,7 +45,7 @@ from pathlib import Path
 
 from dflash2.argparsing import OneLineParser, run_command
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import atomic_directory, atomic_write, sha256_file
+from dflash2.files.atomic import atomic_directory, atomic_write, sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT = "dflash2-parts"
@@ -434,7 +434,7 @@ def _split_target(args) -> int:
 
 
 def _collect(args) -> int:
-    from dflash2.fileio import refuse_existing_output
+    from dflash2.files.atomic import refuse_existing_output
     from dflash2.model.draft import DFlash2DraftModel
 
     dest = Path(args.dest)

@@ -140,7 +140,7 @@ def collect_data(parts_dir: str | Path, dest: str | Path) -> dict:
     `dest` (which must not exist yet, or be empty), and read every record (each shard's sha256 is
     checked); returns the manifest's counts."""
     from dflash2.data.shards import load_manifest, read_records
-    from dflash2.fileio import refuse_existing_output
+    from dflash2.files.atomic import refuse_existing_output
 
     dest = Path(dest)
     refuse_existing_output(dest, False, "DEST", "--force", "regenerated shards")

@@ -24,7 +24,7 @@ Contract:
   (windows are measured in slots) rows are re-aligned to the right edge after every such cycle.
   The recurrent layers' state is captured per position during multi-token steps and set per row
   by `keep` (`recurrent.RecurrentLayer.keep`); the attention layers' bookkeeping is unchanged.
-- `step_tree(ids, depth, visible)` verifies a token tree per row (`decoding.tree`) in one pass:
+- `step_tree(ids, depth, visible)` verifies a token tree per row (`decoding.proposers.tree`) in one pass:
   positions by depth, a 4-D attention mask (the committed context plus each node's ancestors);
   `keep_nodes(kept)` keeps the accepted path's slots and holes out the rest. Only for targets
   with `supports_trees` (full attention in slot layers); sliding-window and hybrid (recurrent)
@@ -42,9 +42,9 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from dflash2.errors import require
-from dflash2.decoding import recurrent
-from dflash2.decoding.kvcache import SlotLayer
-from dflash2.decoding.ragged import compaction_index, right_align, worth_compacting
+from dflash2.decoding.target import recurrent
+from dflash2.decoding.target.kvcache import SlotLayer
+from dflash2.decoding.target.ragged import compaction_index, right_align, worth_compacting
 from dflash2.targets import grouped_attention
 
 

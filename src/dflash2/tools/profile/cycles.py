@@ -1,4 +1,4 @@
-"""`python -m dflash2.eval.cycles`: where a decoding cycle's time goes, at several batch sizes.
+"""`python -m dflash2.tools.profile.cycles`: where a decoding cycle's time goes, at several batch sizes.
 
 Contract: for each batch size b, `profile(pipe, prompts, b, new_tokens)` decodes b prompts with the
 engine itself, once speculatively with the whole block verified every cycle (`--speculate always`,
@@ -21,13 +21,13 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.policy import SpeculationPolicy
 from dflash2.errors import DFlash2Error, require
 from dflash2.argparsing import ModelSettings, add_model_arguments, parse_list
 from dflash2.data.prompts import load_conversations
 from dflash2.pipeline import build_pipeline
-from dflash2.provenance import cpu_model
+from dflash2.runtime.provenance import cpu_model
 from dflash2.targets.chat import first_turns
 
 PHASES = ("verify", "draft", "draft_head", "selector", "accept", "realign", "host", "policy")
@@ -90,7 +90,7 @@ def render(profiles: list[CycleProfile], header: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dflash2.eval.cycles", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m dflash2.tools.profile.cycles", description=__doc__.split("\n")[0])
     add_model_arguments(parser)
     parser.add_argument("--batch", default="1,8,32", help="comma list of batch sizes")
     parser.add_argument("--new-tokens", type=int, default=64)

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash2.decoding.lookup import Lookup
-from dflash2.decoding.cycle import LATTICE, Choice
-from dflash2.decoding.proposer import Proposal
-from dflash2.decoding.stats import Commit
-from dflash2.decoding.tree import TokenTree, pack_tree, tree_nodes
+from dflash2.decoding.proposers.lookup import Lookup
+from dflash2.decoding.policy.cycle import LATTICE, Choice
+from dflash2.decoding.proposers.draft import Proposal
+from dflash2.decoding.loop.stats import Commit
+from dflash2.decoding.proposers.tree import TokenTree, pack_tree, tree_nodes
 
 
 @dataclass

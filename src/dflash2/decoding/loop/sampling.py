@@ -3,7 +3,7 @@
 Contract: `RowSampling.stack(settings, device)` turns each row's (temperature, top_k, top_p, seed)
 into [b] tensors; `select(rows)` / `cat(other)` follow the batch as rows leave and join.
 Temperature 0 means greedy for that row; greedy and sampled rows share one batch. The random
-numbers themselves come from `dflash2.rng` (hashed from each row's seed and positions).
+numbers themselves come from `dflash2.runtime.rng` (hashed from each row's seed and positions).
 """
 from __future__ import annotations
 

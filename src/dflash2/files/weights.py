@@ -1,4 +1,4 @@
-"""Checks of weight files that need no model: safetensors headers, and finite values.
+"""Weight files: reading and checking them without a model, and writing them.
 
 Contract:
 - `safetensors_header(path, what)` reads only the header of a `.safetensors` file and returns
@@ -9,14 +9,24 @@ Contract:
   empty, truncated: one line); `stored_dtype(draft)`: the one dtype they store (float32 if mixed).
 - `require_finite(name, tensor, what)` refuses a floating tensor holding NaN or infinite values,
   naming the tensor.
+- `save_safetensors(state, path)` and `save_torch(obj, path)` write like
+  `safetensors.torch.save_file` and `torch.save`, but a write the operating system refuses (a full
+  disk, a read-only file system, a quota) raises the `OSError` it raised (errno, strerror, `path`),
+  which the CLI prints as one line; the libraries themselves turn it into `SafetensorError("...
+  I/O error: No space left on device (os error 28)")` or a `RuntimeError` from torch's zip writer.
+  Any other failure of the libraries propagates unchanged.
 """
 from __future__ import annotations
 
 import json
+import os
+import re
 import struct
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import save_file
 
 from dflash2.errors import DFlash2Error, require
 
@@ -84,3 +94,51 @@ def stored_dtype(draft: Path) -> str:
     for file in weight_files(draft):
         kinds |= {dtype for dtype, _ in safetensors_header(file, str(draft)).values()} & set(STORED_DTYPES)
     return STORED_DTYPES.get(kinds.pop(), "float32") if len(kinds) == 1 else "float32"
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def save_safetensors(state: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict | None = None) -> None:
+    try:
+        save_file(state, str(path), metadata={"format": "pt"} if metadata is None else metadata)
+    except SafetensorError as err:
+        found = _OS_ERROR.search(str(err))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from None
+
+
+class _RecordingWriter:
+    """A file handle that remembers the OSError of a failed write (torch's writer hides it)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.handle.flush()
+        except OSError as err:
+            self.error = err
+            raise
+
+
+def save_torch(obj, path: str | os.PathLike) -> None:
+    with open(path, "wb") as handle:
+        writer = _RecordingWriter(handle)
+        try:
+            torch.save(obj, writer)
+            handle.flush()
+            os.fsync(handle.fileno())
+        except RuntimeError:
+            if writer.error is None:
+                raise
+            raise OSError(writer.error.errno, writer.error.strerror, str(Path(path))) from None

@@ -7,7 +7,7 @@ Contract:
     q = 1, block, 4 x block and 16 x block tokens on a dummy context, the running batch's cache
     left untouched, so that the token curve reaches the compute-bound sizes of large batches before
     any large batch has run), or `load_calibration(table)` takes a stored one
-    (`decoding.calibration`);
+    (`decoding.policy.calibration`);
   - observed: `observe_verify(b, q, s)` adds what a real cycle measured (an exponential moving
     average per (b, q) over this run's passes, so the model follows the context growing and the
     machine's load). An observed figure replaces the calibrated one for its (b, q) at once.
@@ -28,7 +28,7 @@ Contract:
   calibration alone predicts for it (its figure, or the interpolation) by more than `STALE_FACTOR`
   either way, once the figures observed that often hold, at one batch size, the plain step (q = 1)
   and a wider pass (enough to replace the calibration with: a stored table without a plain step
-  is measured again, `decoding.calibration`). `adopt_observed()` replaces the calibration by the figures observed that often (a
+  is measured again, `decoding.policy.calibration`). `adopt_observed()` replaces the calibration by the figures observed that often (a
   calibration found wrong is dropped whole, so `stale()` is False until the machine drifts again)
   and returns it, the table to store.
 """

@@ -13,14 +13,14 @@ Contract:
   `[anchor, MASK x (block_size-1)]` at positions start..start+block_size-1 and returns a `Proposal`:
   draft tokens [b, T], the dense distribution q [b, T, V] each was drawn from (None when every row
   is greedy) and the draft's confidence in each token [b, T] (the probability it gave the token).
-  `temperature` and `seeds` are per row ([b]); sampled rows draw with `dflash2.rng` uniforms keyed
+  `temperature` and `seeds` are per row ([b]); sampled rows draw with `dflash2.runtime.rng` uniforms keyed
   by (seed, position). With a selector the tokens are a path through the top-K candidates; without
   one (DFlash v1) they are per-position argmax / samples of the draft logits.
 - A sampled row's tokens are drawn at `temperature_factor` (default `SAMPLED_DRAFT_TEMPERATURE`)
   times the row's temperature: a sharper distribution than the draft's own, which the target's
   acceptance of sampled tokens prefers (measured on the recipe yardstick's T=1, top-p 0.95,
   top-k 20: tau +0.070 and +0.064 with the drafts of steps 300 and 375 of the 2026-12-02 campaign;
-  0.5 / 0.85 / 1.3 gave +0.013 / +0.032 / 0.000; BENCHMARKS.md section 11). Exactness does not
+  0.5 / 0.85 / 1.3 gave +0.013 / +0.032 / 0.000; BENCHMARKS.md section 3.2). Exactness does not
   depend on it: the returned q is the distribution the tokens were drawn from, which is what the
   acceptance rule divides by. Greedy rows are unaffected.
 - `lattice=True` (a draft with a selector): the proposal also carries the lattice's second path
@@ -34,13 +34,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dflash2.decoding.acceptance import dense_q
+from dflash2.decoding.loop.acceptance import dense_q
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.selector import SecondPath
 from dflash2.model.mask import block_visibility
-from dflash2.decoding.ragged import compaction_index, worth_compacting
-from dflash2.decoding.timing import Stopwatch
-from dflash2.rng import DRAFT, sample_from, uniforms
+from dflash2.decoding.target.ragged import compaction_index, worth_compacting
+from dflash2.decoding.loop.timing import Stopwatch
+from dflash2.runtime.rng import DRAFT, sample_from, uniforms
 
 
 SAMPLED_DRAFT_TEMPERATURE = 0.7   # see the contract

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from dflash2.cache import RECALIBRATE_ENV, cache_dir
-from dflash2.fileio import atomic_write
+from dflash2.files.cache import RECALIBRATE_ENV, cache_dir
+from dflash2.files.atomic import atomic_write
 
 MAX_AGE_S = 7 * 24 * 3600        # a stored calibration older than this is measured again
 FORMAT = 2

@@ -24,12 +24,12 @@ Contract:
   confidence; in a probe -- the draft's, or lookup's (`_lookup_choice`) -- at an optimistic bound,
   mean + `optimism` standard deviations, so that they are tried; otherwise at the posterior mean,
   so that an ordinary cycle does not pay for exploration), t_draft only when the draft pass ran,
-  and the times from `costs` (`decoding.costs.CostModel`; in a probe at its optimistic figures, so
+  and the times from `costs` (`decoding.policy.costs.CostModel`; in a probe at its optimistic figures, so
   that figures this run has not observed -- a calibration stored or measured under another load --
   cannot rule speculation out without it being measured). Plain decoding's rate is
   b / (t_verify(b, 1) + t_host). A fixed batch (`Offer.remaining`: each row's room, batches of
   `generate`, no queue to refill them) is rated instead by the plain decoding time a cycle saves
-  per second (`rate`, `decoding.horizon`): what ends its last row soonest. Rows of one pass may
+  per second (`rate`, `decoding.policy.horizon`): what ends its last row soonest. Rows of one pass may
   verify different sources and lengths: each row's block is its own. A third option per row, when
   the offer says where the draft's and lookup's tokens stop agreeing (`Offer.shared`: greedy rows
   of a target that can verify trees), is both as a tree (`tree_options`: the shared prefix once,
@@ -56,7 +56,7 @@ Contract:
   (`_realised_loss`: by the objective the choice is made by) beyond what the best choice without
   the draft was expected to save (`Choice.baseline`: nothing for a plain step, lookup's expected
   gain in `hybrid`), less its own time, in plain steps -- goes into `evidence`
-  (`decoding.evidence.GainEvidence`: exponentially weighted, shrunk towards gain 0, older with
+  (`decoding.policy.evidence.GainEvidence`: exponentially weighted, shrunk towards gain 0, older with
   every decoded step). The draft pass stops only when even the evidence's optimistic bound (mean
   + `optimism` standard errors) is a loss: a draft that pays on balance is never switched off by
   a run of unlucky blocks (which the old rules did: one rejected probe, one unsure block or a few
@@ -81,12 +81,12 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from dflash2.decoding.acceptance_model import AcceptanceModel, expectations_by_length
-from dflash2.decoding.costs import CostModel
-from dflash2.decoding.cycle import LATTICE, SOURCES, Choice, CyclePlan, CycleRecord, Offer
-from dflash2.decoding.evidence import GainEvidence
-from dflash2.decoding.horizon import saved_seconds, step_curve
-from dflash2.decoding.tree_expectation import best_per_width, tree_options
+from dflash2.decoding.policy.acceptance_model import AcceptanceModel, expectations_by_length
+from dflash2.decoding.policy.costs import CostModel
+from dflash2.decoding.policy.cycle import LATTICE, SOURCES, Choice, CyclePlan, CycleRecord, Offer
+from dflash2.decoding.policy.evidence import GainEvidence
+from dflash2.decoding.policy.horizon import saved_seconds, step_curve
+from dflash2.decoding.policy.tree_expectation import best_per_width, tree_options
 
 SPECULATE_MODES = ("auto", "always", "never")
 DRAFT_SCALE_WEIGHT = 8.0   # the draft's confidence is a trained model's probability: its table-wide calibration

@@ -1,6 +1,6 @@
 """Component timings of one decoding cycle, measured side by side in one process.
 
-Contract: `python -m dflash2.eval.microbench [--target smollm2] [--draft DIR] [--repeats 9] [--device cpu]
+Contract: `python -m dflash2.tools.profile.microbench [--target smollm2] [--draft DIR] [--repeats 9] [--device cpu]
 [--dtype float32] [--json OUT]` times, on the same prompt and cache state:
 target forward of 1 vs 8 new tokens, the draft forward (context K/V of 8 new positions + block +
 logits), the selector (top-K, pair scores, walk), the convolutions (draft forward with convs on
@@ -19,10 +19,10 @@ import torch
 from tqdm import tqdm
 
 from dflash2.targets.chat import encode_prompt
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.pipeline import load_decoder
-from dflash2.decoding.proposer import DraftProposer
-from dflash2.decoding.timing import Stopwatch
+from dflash2.decoding.proposers.draft import DraftProposer
+from dflash2.decoding.loop.timing import Stopwatch
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
@@ -133,7 +133,7 @@ def run(target: str, draft: str | None, repeats: int, device: str, dtype: str, n
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dflash2.eval.microbench")
+    parser = argparse.ArgumentParser(prog="python -m dflash2.tools.profile.microbench")
     parser.add_argument("--target", default="smollm2")
     parser.add_argument("--draft", default=None)
     parser.add_argument("--repeats", type=int, default=9)

@@ -1,6 +1,6 @@
-"""`python -m dflash2.eval.rollback`: what rolling back a hybrid target's recurrent state costs.
+"""`python -m dflash2.tools.profile.rollback`: what rolling back a hybrid target's recurrent state costs.
 
-Contract: on one target (a hybrid: `decoding/recurrent.py`), for each batch size b, a batch of b
+Contract: on one target (a hybrid: `decoding/target/recurrent.py`), for each batch size b, a batch of b
 prompts is prefilled and then `--repeats` verify cycles are timed, each a step of `--block` tokens
 followed by `keep(counts)` with counts drawn uniformly from 1..block per row (rows roll back to
 different positions). Reported medians, milliseconds: the verify step with per-position capture
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from dflash2.decoding import recurrent
+from dflash2.decoding.target import recurrent
 from dflash2.errors import require
 from dflash2.pipeline import load_decoder
 
@@ -109,7 +109,7 @@ def render(rows: list[RollbackCost], header: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dflash2.eval.rollback", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m dflash2.tools.profile.rollback", description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True, help="local HF dirs or built-in names, comma-separated (hybrids, "
                         "or attention-only targets for their verify / plain ratio); each batch size runs on each in turn")
     parser.add_argument("--batch", default="1,8")

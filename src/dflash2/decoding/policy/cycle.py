@@ -36,7 +36,7 @@ class Offer:
     shared: list[int | None] | None = None   # per row: tokens the draft and lookup proposals share
                                              # at their start, where both may be verified as a tree
     remaining: list[int] | None = None       # per row: tokens it may still commit, when the batch is
-                                             # fixed (`decoding.horizon`); None: a batch that refills
+                                             # fixed (`decoding.policy.horizon`); None: a batch that refills
     lattice: list[list[float]] | None = None  # per row: the draft's second path's confidence per token
     forks: list[int | None] | None = None     # per row: where it leaves the draft's path (None: no tree)
 

@@ -3,10 +3,10 @@
 Contract:
 - `SpeculativeDecoder(target, draft=None, speculate="auto", proposer=None, suffix_store=None)`:
   `target` is a `TargetAdapter`. `proposer` (a `PROPOSERS` value) says where proposed tokens come
-  from: `draft` (the draft model's block), `lookup` (`decoding.lookup`: what followed the row's
+  from: `draft` (the draft model's block), `lookup` (`decoding.proposers.lookup`: what followed the row's
   latest tokens in its own prompt and output, and in `suffix_store`'s recent requests when one is
   shared; no draft needed), `hybrid` (both, each row of each cycle verifying the source the policy
-  expects to commit more, or both as a token tree (`decoding.tree`: one target pass, a tree
+  expects to commit more, or both as a token tree (`decoding.proposers.tree`: one target pass, a tree
   attention mask, the losing branch's cache slots holed out) on attention-only targets for greedy
   rows; every row verifies its own block in the same target pass; sliding-window and hybrid
   recurrent targets, and sampled rows, verify one path). With `lattice` (off by default) a draft with
@@ -22,7 +22,7 @@ Contract:
   join at the next cycle boundary (their prefill merged into the ragged batch); `cancel(key)`
   drops one at the next boundary; `step()` runs one cycle and returns the `Event`s it produced.
   `fixed` (`generate`, `decode_events`): no request joins once it runs, so the policy minimises
-  the time until its last row ends (`decoding.horizon`), not the tokens/s of a batch that refills.
+  the time until its last row ends (`decoding.policy.horizon`), not the tokens/s of a batch that refills.
   Every row keeps its own sampling settings, seed, stop tokens and length limit, and its own
   acceptance (rows that accept more advance more; the caches are re-aligned, never truncated to the
   slowest row). Stop tokens and `max_new_tokens` are honoured exactly, even mid-block.
@@ -31,7 +31,7 @@ Contract:
   config)` yields the `Event`s of a batch as decoding goes.
 - Greedy output equals the target's greedy output token for token; sampled output follows the
   target's processed distribution exactly (see `acceptance.py`; a lookup token is a point-mass
-  draft), in every mode, for every proposer and for any number of verified drafts. A row's random numbers depend only on its seed (`dflash2.rng`).
+  draft), in every mode, for every proposer and for any number of verified drafts. A row's random numbers depend only on its seed (`dflash2.runtime.rng`).
 """
 from __future__ import annotations
 
@@ -42,22 +42,22 @@ from typing import Iterator
 
 import torch
 
-from dflash2.decoding.acceptance import greedy_accept, sample_accept, target_probs
-from dflash2.decoding.block import VerifyBlock, assemble
-from dflash2.decoding.calibration import StoredCalibration, calibrate_cached
-from dflash2.decoding.context import check_context, effective_block_size
-from dflash2.decoding.lookup import Lookup, LookupProposer, SuffixStore
-from dflash2.decoding.cycle import Choice, CycleRecord, Offer
+from dflash2.decoding.loop.acceptance import greedy_accept, sample_accept, target_probs
+from dflash2.decoding.loop.block import VerifyBlock, assemble
+from dflash2.decoding.policy.calibration import StoredCalibration, calibrate_cached
+from dflash2.decoding.loop.context import check_context, effective_block_size
+from dflash2.decoding.proposers.lookup import Lookup, LookupProposer, SuffixStore
+from dflash2.decoding.policy.cycle import Choice, CycleRecord, Offer
 from dflash2.decoding.policy import SpeculationPolicy
-from dflash2.decoding.proposer import DraftProposer, Proposal
-from dflash2.decoding.sampling import RowSampling
-from dflash2.decoding.stats import BatchTiming, Commit, RowStats
-from dflash2.decoding.timing import CycleTimer, Stopwatch
-from dflash2.decoding.tree import kept_nodes, path_nodes, tree_greedy_accept
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.proposers.draft import DraftProposer, Proposal
+from dflash2.decoding.loop.sampling import RowSampling
+from dflash2.decoding.loop.stats import BatchTiming, Commit, RowStats
+from dflash2.decoding.loop.timing import CycleTimer, Stopwatch
+from dflash2.decoding.proposers.tree import kept_nodes, path_nodes, tree_greedy_accept
+from dflash2.decoding.target.verifier import TargetAdapter
 from dflash2.errors import require
 from dflash2.model.draft import DFlash2DraftModel
-from dflash2.rng import ACCEPT, TOKEN, row_seed, sample_from, uniforms
+from dflash2.runtime.rng import ACCEPT, TOKEN, row_seed, sample_from, uniforms
 
 
 PROPOSERS = ("draft", "lookup", "hybrid")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash2.rng import sample_from
+from dflash2.runtime.rng import sample_from
 
 
 def _per_row(value, logits: torch.Tensor, dtype) -> torch.Tensor:
