@@ -4,6 +4,8 @@ one-row step at float32), rounding only elsewhere; the parts keep their names an
 reloads and gradients still reach them."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -144,3 +146,21 @@ def test_gradients_reach_the_parts():
     attention = model.model.layers[0].self_attn
     for part in (attention.q_proj, attention.k_proj, attention.v_proj, model.model.layers[1].mlp.gate_proj):
         assert part.weight.grad is not None and part.weight.grad.abs().sum() > 0
+
+
+def test_stepbench_times_both_variants_and_compares_their_logits(smollm2_cache, tmp_path, capsys):
+    """`python -m dflash2.tools.profile.stepbench`: a row per dtype and pass size, the packed and
+    unpacked variants' logits bit for bit equal at bfloat16 (the contract of `targets.projections`)."""
+    from dflash2.tools.profile import stepbench
+
+    out = tmp_path / "steps.json"
+    assert stepbench.main(["--dtype", "bfloat16", "--tokens", "1,3", "--repeats", "2", "--context", "20",
+                           "--json", str(out)]) == 0
+    assert "| bfloat16 | 3 |" in capsys.readouterr().out
+    rows = json.loads(out.read_text())
+    assert [r["tokens"] for r in rows] == [1, 3]
+    for row in rows:
+        assert row["same_logits"] and row["ms"]["packed"] > 0 and row["ms"]["unpacked"] > 0
+        assert row["op_ms"]["matmul"] > 0 and row["ops_per_pass"] > 0
+    assert stepbench.main(["--dtype", "float16"]) == 2
+    assert capsys.readouterr().err.startswith("error: --dtype")
