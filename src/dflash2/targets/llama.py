@@ -262,6 +262,8 @@ class LlamaModel(nn.Module):
 
 
 class LlamaCausalLM(Fusing):
+    quantizable = False                               # its projection is the LM head
+
     def __init__(self, config: LlamaTargetConfig):
         super().__init__()
         self.config = config

@@ -6,9 +6,11 @@ Contract:
   parts], -1)`, [.., in] -> [.., sum(out)]; `sizes` are the parts' output sizes, for splitting.
   The parts keep their parameters (names, hence `state_dict()`, unchanged); `refresh(pack)` makes
   them views of one weight concatenated along the output dimension ([sum(out), in], no extra
-  memory), so each output is still its own weight row's dot product with x, and with `pack` (CPU
-  only) also keeps that weight prepacked for oneDNN (`PACKED_ROWS_HINT`: the layout for the pass
-  sizes it serves; one more copy of the weight).
+  memory), so each output is still its own weight row's dot product with x, and keeps the weight
+  in a `form` (`FORMATS`) besides: "packed" (CPU only: oneDNN's layout, `PACKED_ROWS_HINT` the
+  pass size it is laid out for; one more copy of the weight), "plain" (nothing more), or "int8" /
+  "int4" (`targets.quantized`: every pass, prefills included, then multiplies by the quantized
+  weight; a quantized target, not the float one).
 - Which kernel a call runs (`kernel(rows, dtype, packed)`, a pure function of the pass):
   * more than `FUSED_ROWS` rows (prefills, big batches; compute-bound) or a grad-enabled call
     with trainable parts: the parts one by one, `F.linear` each: transformers' own arithmetic;
@@ -24,9 +26,9 @@ Contract:
   * otherwise `F.linear` on the fused weight.
 - Whatever replaces or casts the parts' tensors (`load_state_dict(assign=True)`, `.to()`,
   `.float()`) must be followed by `refresh`: `Fusing`, the mixin of the modules owning
-  projections, does it in `_apply` and after every `load_state_dict`, packing as `Fusing.pack`
-  says (`set_packing(model, pack)` for every module of a model). Until the first refresh a fused
-  call raises.
+  projections, does it in `_apply` and after every `load_state_dict`, in the module's `form`
+  (`set_weights(model, form)` for every module of a model). Until the first refresh a fused call
+  raises. Quantized projections take no gradients (targets are frozen).
 """
 from __future__ import annotations
 
@@ -35,12 +37,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash2.errors import require
+from dflash2.targets import quantized
 
 FUSED_ROWS = 128                  # passes up to this many rows (batch x tokens) run fused / packed
 SAME_BITS_ROWS = 32               # bfloat16: packed and `F.linear` agree bit for bit up to here
 PACKED_ROWS_HINT = {torch.bfloat16: 1, torch.float32: 8}   # oneDNN layout hint: the passes it serves
 
 PARTS, FUSED, PACKED = "parts", "fused", "packed"
+FORMATS = ("packed", "plain") + quantized.SCHEMES   # how a model's projections keep their weights
 
 
 def kernel(rows: int, dtype: torch.dtype, packed: bool) -> str:
@@ -73,9 +77,10 @@ class Projection:
         self.weight: torch.Tensor | None = None       # [sum(out), in]
         self.packed: torch.Tensor | None = None       # oneDNN's layout of `weight`
 
-    def refresh(self, pack: bool) -> None:
-        """Concatenate the parts' weights, make each part's parameter a view of its rows, and prepack."""
-        self.packed = None
+    def refresh(self, form: str = "packed") -> None:
+        """Concatenate the parts' weights, make each part's parameter a view of its rows, and keep
+        the weight in `form` (`FORMATS`) besides: prepacked, or quantized."""
+        self.packed = self.quantized = None
         if any(p.weight.is_meta for p in self.parts):
             self.weight = None                          # built on the meta device: weights come later
             return
@@ -89,10 +94,14 @@ class Projection:
                 part.weight = nn.Parameter(weight[start:start + rows], requires_grad=part.weight.requires_grad)
                 start += rows
         self.weight = weight
-        if pack and weight.dtype in PACKED_ROWS_HINT and can_pack(weight):
+        if form in quantized.SCHEMES:
+            self.quantized = quantized.quantize(weight, form)
+        elif form == "packed" and weight.dtype in PACKED_ROWS_HINT and can_pack(weight):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_ROWS_HINT[weight.dtype])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:                  # every pass: the model is the quantized one
+            return quantized.matmul(x, self.quantized)
         rows = x.numel() // x.shape[-1]
         choice = kernel(rows, x.dtype, self.packed is not None)
         if choice == PARTS or (torch.is_grad_enabled() and self.parts[0].weight.requires_grad):
@@ -106,10 +115,12 @@ class Projection:
 
 class Fusing(nn.Module):
     """Mixin of modules owning `Projection`s (listed by `projections()`): they are rebuilt whenever
-    the parts' tensors may have been replaced. `pack` (class default True; `set_packing` for a
-    whole model) says whether they also keep a oneDNN-packed weight where one exists."""
+    the parts' tensors may have been replaced, in the module's `form` (class default "packed";
+    `set_weights` for a whole model). Modules with `quantizable = False` (an LM head) keep
+    "packed" when the model's layers are quantized."""
 
-    pack = True
+    form = "packed"
+    quantizable = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -120,7 +131,7 @@ class Fusing(nn.Module):
 
     def refresh_projections(self) -> None:
         for projection in self.projections():
-            projection.refresh(self.pack)
+            projection.refresh(self.form)
 
     def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)
@@ -128,9 +139,18 @@ class Fusing(nn.Module):
         return self
 
 
-def set_packing(model: nn.Module, pack: bool) -> None:
-    """Keep (True) or drop (False) the oneDNN-packed weights of every projection in `model`."""
-    for module in model.modules():
-        if isinstance(module, Fusing):
-            module.pack = pack
-            module.refresh_projections()
+def set_weights(model: nn.Module, form: str) -> None:
+    """Keep every projection of `model` in `form` (`FORMATS`): "packed" (the default: oneDNN's
+    layout where that pays), "plain" (`F.linear` on the fused weight; CUDA's path everywhere),
+    "int8" / "int4" (`targets.quantized`; the layers only, an LM head stays "packed"). A
+    quantized form is checked on every weight before any changes (one line naming the problem)."""
+    require(form in FORMATS, f"projection weights must be one of {', '.join(FORMATS)}, got '{form}'")
+    modules = [m for m in model.modules() if isinstance(m, Fusing)]
+    if form in quantized.SCHEMES:
+        for module in modules:
+            for projection in module.projections() if module.quantizable else []:
+                require(projection.weight is not None, "quantize a model after its weights are loaded")
+                quantized.check_supported(projection.weight, form)
+    for module in modules:
+        module.form = form if module.quantizable or form not in quantized.SCHEMES else "packed"
+        module.refresh_projections()
