@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from dflash2.argparsing import parse_list
-from dflash2.decoding.target.verifier import TargetAdapter
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.errors import DFlash2Error, require
 from dflash2.files.atomic import atomic_write
 from dflash2.runtime.provenance import cpu_model
