@@ -165,3 +165,15 @@ def test_stepbench_times_both_variants_and_compares_their_logits(smollm2_cache, 
         assert row["op_ms"]["matmul"] > 0 and row["ops_per_pass"] > 0
     assert stepbench.main(["--dtype", "float16"]) == 2
     assert capsys.readouterr().err.startswith("error: --dtype")
+
+
+def test_autocast_runs_the_parts_as_before():
+    """Training extracts features under CPU autocast (bfloat16 activations, float32 weights): the
+    projections then take F.linear per part, as transformers' own modules would."""
+    model = _tiny(torch.float32)
+    ids = torch.tensor([[3, 14, 15, 92, 65]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = _logits(model, ids)
+        projections.set_weights(model, "plain")
+        want = _logits(model, ids)
+    assert torch.equal(got, want)

@@ -72,3 +72,4 @@ def test_a_model_quantizes_its_layers_and_keeps_its_lm_head():
     assert (got - want).abs().max() < 0.1 * want.abs().max()   # ... close to the float one
     with pytest.raises(DFlash2Error, match="bfloat16"):
         projections.set_weights(_tiny(torch.float32), "int8")
+

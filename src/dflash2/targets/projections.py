@@ -12,7 +12,7 @@ Contract:
   "int4" (`targets.quantized`: every pass, prefills included, then multiplies by the quantized
   weight; a quantized target, not the float one).
 - Which kernel a call runs (`kernel(rows, dtype, packed)`, a pure function of the pass):
-  * more than `FUSED_ROWS` rows (prefills, big batches; compute-bound) or a grad-enabled call
+  * more than `FUSED_ROWS` rows (prefills, big batches; compute-bound), a call under autocast, or a grad-enabled call
     with trainable parts: the parts one by one, `F.linear` each: transformers' own arithmetic;
   * bfloat16 with a packed weight: the packed kernel, 1.35x faster for a step here. oneDNN runs
     `F.linear` too: up to `SAME_BITS_ROWS` rows the two give the same bits; beyond, `F.linear`
@@ -104,7 +104,8 @@ class Projection:
             return quantized.matmul(x, self.quantized)
         rows = x.numel() // x.shape[-1]
         choice = kernel(rows, x.dtype, self.packed is not None)
-        if choice == PARTS or (torch.is_grad_enabled() and self.parts[0].weight.requires_grad):
+        if (choice == PARTS or (torch.is_grad_enabled() and self.parts[0].weight.requires_grad)
+                or torch.is_autocast_enabled(x.device.type)):   # autocast casts per op: F.linear's rule
             outs = [F.linear(x, p.weight) for p in self.parts]
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         require(self.weight is not None, "fused projection used before its weights were loaded")
