@@ -70,10 +70,11 @@ def _generate_parser(sub) -> None:
     p.add_argument("--speculate", default="auto", choices=("auto", "always", "never"),
                    help="auto (default): verify only the draft tokens that pay for themselves and fall back to plain "
                         "decoding when drafting does not pay; always: verify the whole block every cycle; never: plain")
-    p.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid"),
+    p.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid", "mtp"),
                    help="where proposed tokens come from: draft (the draft model), lookup (what followed the latest "
                         "tokens earlier in the prompt and output; loads no draft), hybrid (both, per row per cycle the "
-                        "one expected to commit more, or both as a tree); default: hybrid (lookup for a target with no "
+                        "one expected to commit more, or both as a tree), mtp (a multi-token-prediction head: --draft "
+                        "DIR of a trained one, else the target's own); default: hybrid (lookup for a target with no "
                         "trained draft), plain decoding with --no-draft")
     p.add_argument("--compare", action="store_true", help="also run the autoregressive baseline and compare")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")

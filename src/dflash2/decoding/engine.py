@@ -12,7 +12,9 @@ Contract:
   recurrent targets, and sampled rows, verify one path). With `lattice` (off by default) a draft with
   a selector also offers its candidate lattice's second path (`CandidateSelector.second_path`), which
   a greedy row may verify beside the draft's path as a tree (`draft` and `hybrid`, same targets),
-  priced by the policy like a lookup branch with a calibration of its own. `None`:
+  priced by the policy like a lookup branch with a calibration of its own. `mtp`: `draft` is an
+  `MtpHead` (`model.mtp`), run recursively by `decoding.mtp_proposer` in the draft's place (its
+  pass timed and priced as the draft pass; `hybrid` with an MTP head puts it beside lookup). `None`:
   `draft` with a draft, else no proposer: with neither (or `speculate="never"`) the same loop
   decodes autoregressively, one target step per token: the honest baseline. `speculate` is a
   `policy.SPECULATE_MODES` value: `auto` verifies only as many proposed tokens as pay for
@@ -47,6 +49,7 @@ from dflash2.decoding.block import VerifyBlock, assemble
 from dflash2.decoding.calibration import StoredCalibration, calibrate_cached
 from dflash2.decoding.context import check_context, effective_block_size
 from dflash2.decoding.lookup import Lookup, LookupProposer, SuffixStore
+from dflash2.decoding.mtp_proposer import MtpProposer, cycle_following, prompt_following
 from dflash2.decoding.cycle import Choice, CycleRecord, Offer
 from dflash2.decoding.policy import SpeculationPolicy
 from dflash2.decoding.proposer import DraftProposer, Proposal
@@ -57,10 +60,12 @@ from dflash2.decoding.tree import kept_nodes, path_nodes, tree_greedy_accept
 from dflash2.decoding.verifier import TargetAdapter
 from dflash2.errors import require
 from dflash2.model.draft import DFlash2DraftModel
+from dflash2.model.mtp import MtpHead, target_final_norm
 from dflash2.rng import ACCEPT, TOKEN, row_seed, sample_from, uniforms
 
 
-PROPOSERS = ("draft", "lookup", "hybrid")
+PROPOSERS = ("draft", "lookup", "hybrid", "mtp")
+MODEL_PROPOSERS = ("draft", "hybrid", "mtp")   # those that run a model's proposal pass (`draft`)
 LOOKUP_BLOCK_SIZE = 8      # tokens a cycle (anchor + lookup tokens) when no draft sets the block
 
 
@@ -118,16 +123,18 @@ class _Row:
 
 
 class SpeculativeDecoder:
-    def __init__(self, target: TargetAdapter, draft: DFlash2DraftModel | None = None, speculate: str = "auto",
+    def __init__(self, target: TargetAdapter, draft: DFlash2DraftModel | MtpHead | None = None, speculate: str = "auto",
                  proposer: str | None = None, suffix_store: SuffixStore | None = None, lattice: bool = False):
         require(proposer is None or proposer in PROPOSERS,
                 f"proposer must be one of {', '.join(PROPOSERS)}, got {proposer!r}")
         if proposer is None and (draft is not None or self.custom_proposer):
-            proposer = "draft"
-        require(proposer not in ("draft", "hybrid") or draft is not None or self.custom_proposer,
+            proposer = "mtp" if isinstance(draft, MtpHead) else "draft"
+        require(proposer not in MODEL_PROPOSERS or draft is not None or self.custom_proposer,
                 f"proposer '{proposer}' needs a draft (proposer 'lookup' needs none)")
+        require(proposer not in ("draft", "mtp") or draft is None or (proposer == "mtp") == isinstance(draft, MtpHead),
+                f"proposer '{proposer}' needs {'an MTP head' if proposer == 'mtp' else 'a DFlash draft'}")
         self.target = target
-        self.draft = draft if proposer in ("draft", "hybrid") else None
+        self.draft = draft if proposer in MODEL_PROPOSERS else None
         self.proposer = proposer
         self.suffix_store = suffix_store
         self.lattice = lattice
@@ -189,8 +196,10 @@ class SpeculativeDecoder:
         own = LOOKUP_BLOCK_SIZE if self.draft is None and self.proposer == "lookup" else None
         return effective_block_size(own if self.draft is None else self.draft.config.block_size, config.block_size)
 
-    def new_proposer(self, stopwatch: Stopwatch) -> DraftProposer | None:
+    def new_proposer(self, stopwatch: Stopwatch) -> DraftProposer | MtpProposer | None:
         """The draft side of the cycle (None: no draft). Tests substitute oracle proposers."""
+        if isinstance(self.draft, MtpHead):
+            return MtpProposer(self.draft, target_final_norm(self.target.model), stopwatch)
         return None if self.draft is None else DraftProposer(self.draft, stopwatch,
                                                              lattice=self.lattice and not self.target.hybrid)
 
@@ -271,7 +280,8 @@ class DecodeSession:
             positions = self.target.next_position[-len(pending):]                       # [n] first new position
             first = self._pick(logits[:, -1], sampling, positions)                       # [n]
             if self.proposer is not None:
-                self.proposer.add_rows(features, mask)
+                self.proposer.add_rows(features, mask,
+                                       following=prompt_following([p for _, p, _ in pending], first, mask.shape[1]))
             if self.lookup is not None:
                 self.lookup.add_rows([prompt + [token] for (_, prompt, _), token in zip(pending, first.tolist())])
             self.timing.prefill_seconds += time.perf_counter() - clock
@@ -313,15 +323,18 @@ class DecodeSession:
             accepted, bonus, branch, per_branch = self._accept(block, logits, start)
             counts = accepted + 1                                  # anchor + accepted drafts enter the cache
         with self.watch("realign"):                                # roll back rejected slots, re-align rows
+            path = block.ids                                       # [b, W] the anchor and the verified path
             if block.tree is None:
                 self.target.keep(counts, block.width)
             else:                                                  # the winning path stays, the rest is holed out
                 self.target.keep_nodes(kept_nodes(block.tree, branch, accepted))
+                nodes = path_nodes(block.tree, branch)                                          # [b, L + 1]
+                path = block.ids.gather(1, nodes)
                 if features is not None:                           # the winning path's features, in order
-                    nodes = path_nodes(block.tree, branch)                                      # [b, L + 1]
                     features = features.gather(1, nodes[:, :, None].expand(-1, -1, features.shape[-1]))
             if self.proposer is not None:
-                self.proposer.append(features, counts, start, defer=proposal is None)
+                self.proposer.append(features, counts, start, defer=proposal is None,
+                                     following=cycle_following(path, accepted, bonus))
         with self.watch("host"):                                   # one host copy per tensor, not per row
             accepted_list, bonus_list = accepted.tolist(), bonus.tolist()
             branch_list = [0] * b if branch is None else branch.tolist()

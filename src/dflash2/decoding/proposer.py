@@ -67,8 +67,9 @@ class DraftProposer:
         self.valid: torch.Tensor | None = None       # [b, S] bool
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []   # deferred uniform appends
 
-    def add_rows(self, features: torch.Tensor, mask: torch.Tensor) -> None:
-        """features [n, L, F] from a prefill, mask [n, L] (1 = real token)."""
+    def add_rows(self, features: torch.Tensor, mask: torch.Tensor, following: torch.Tensor | None = None) -> None:
+        """features [n, L, F] from a prefill, mask [n, L] (1 = real token); `following` (the committed
+        tokens, which an MTP head reads) is not needed: the draft reads features alone."""
         self._flush()
         valid = mask.bool()
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -88,7 +89,7 @@ class DraftProposer:
         self.valid = torch.cat([slots(self.valid), slots(valid)])
 
     def append(self, features: torch.Tensor, counts: torch.Tensor, first_position: torch.Tensor,
-               defer: bool = False) -> None:
+               defer: bool = False, following: torch.Tensor | None = None) -> None:
         """features [b, q, F] at positions first_position[r] + 0..q-1; keep the first counts[r].
         Rows that keep fewer slots leave masked-out holes (compacted by one gather when they take
         too much room). `defer` (plain steps, one token a row) only queues the features: they are
