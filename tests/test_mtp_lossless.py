@@ -136,26 +136,29 @@ class RecordingDecoder(SpeculativeDecoder):
         return proposer
 
 
-def fresh_proposal(head, target, norm, adapter, prefix: list[int], steps: int) -> list[int]:
-    """The head's greedy proposal after `prefix` (its last token the anchor), from scratch: the
-    target's features of the prefix, every entry in one causal pass, then the recursion."""
+def fresh_recursion(head, target, norm, adapter, prefix: list[int], steps: int, forced: list[int] | None = None):
+    """The head's recursion after `prefix` (its last token the anchor), from scratch: the target's
+    features of the prefix, every entry in one causal pass, then `steps` steps, each feeding the
+    token it chose (its greedy pick, or `forced[i]`) -> (tokens, outputs [steps, H])."""
     s = len(prefix) - 1                                                          # the anchor's position
+    device = target.device
     with torch.inference_mode():
-        _, features = adapter.features(torch.tensor([prefix[:-1]], device=target.device))   # [1, s, H]
-        x = head.fuse(norm(features), torch.tensor([prefix[1:]], device=target.device))    # entries 1..s
-        positions = torch.arange(1, s + 1, device=target.device)[None]
+        _, features = adapter.features(torch.tensor([prefix[:-1]], device=device))          # [1, s, H]
+        x = head.fuse(norm(features), torch.tensor([prefix[1:]], device=device))           # entries 1..s
+        positions = torch.arange(1, s + 1, device=device)[None]
         splice = KVSplice()
         hidden = head.run_layer(x, positions, splice, torch.ones(s, s, dtype=torch.bool).tril()[None, None])[:, -1]
-        kv, tokens = splice.new, []
+        kv, tokens, outputs = splice.new, [], []
         for i in range(steps):
             if i:
                 splice = KVSplice(kv)
-                x = head.fuse(hidden[:, None], torch.tensor([[tokens[-1]]], device=target.device))
-                hidden = head.run_layer(x, torch.tensor([[s + i]], device=target.device), splice,
+                x = head.fuse(hidden[:, None], torch.tensor([[tokens[-1]]], device=device))
+                hidden = head.run_layer(x, torch.tensor([[s + i]], device=device), splice,
                                         torch.ones(1, 1, 1, s + i, dtype=torch.bool))[:, 0]
                 kv = tuple(torch.cat(p, dim=2) for p in zip(kv, splice.new))
-            tokens.append(int(head.logits(hidden).argmax(dim=-1)))
-    return tokens
+            outputs.append(hidden[0])
+            tokens.append(int(head.logits(hidden).argmax(dim=-1)) if forced is None else forced[i])
+    return tokens, torch.stack(outputs)
 
 
 @pytest.mark.parametrize("family,trees", [("llama", True), ("qwen3", False), ("qwen3_5", False)])
@@ -178,7 +181,7 @@ def test_every_proposal_equals_the_head_on_the_committed_prefix(models, family, 
     adapter, norm = TargetAdapter(target, head.config.target_layer_ids), target_final_norm(target)
     try:
         for key, start, tokens in dec.log:
-            assert fresh_proposal(head, target, norm, adapter, sequences[key][:start + 1], len(tokens)) == tokens
+            assert fresh_recursion(head, target, norm, adapter, sequences[key][:start + 1], len(tokens))[0] == tokens
     finally:
         adapter.close()
     assert len(dec.log) > 20

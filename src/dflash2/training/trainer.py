@@ -54,9 +54,9 @@ from dflash2.training.config import TrainConfig, load_config
 from dflash2.training.dataset import SequenceOrder, load_sequences, to_pair
 from dflash2.training.distributed import Dist
 from dflash2.training.features import FeatureSource, TargetSignals, cache_tag
-from dflash2.training.losses import LossOptions, LossStats, Teacher
+from dflash2.training.losses import LossStats, Teacher
 from dflash2.training.metrics_log import MetricsLog, plot_curves
-from dflash2.training.draft_step import DraftTrainStep, build_draft, clip_groups
+from dflash2.training.draft_step import build_draft, clip_groups, training_module
 from dflash2.training.preflight import RUN_FILES, check_data_weights, check_inputs, prepare_run_dir
 from dflash2.training.weighting import step_share
 
@@ -67,7 +67,8 @@ RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.log_every", "train.
 # Keys added after checkpoints were already written: what a checkpoint without the key was trained with.
 LEGACY_VALUES = {"optim.clip_selector_separately": False, "data.exclude_holdout": False,
                  "loss.distill_weight": 0.0, "loss.distill_top_k": 32, "loss.position_weighting": "decay",
-                 "loss.dpace_alpha": 0.5, "loss.selector_weighting": "decay", "loss.selector_gold": False}
+                 "loss.dpace_alpha": 0.5, "loss.selector_weighting": "decay", "loss.selector_gold": False,
+                 "draft.family": "dflash2"}
 
 
 def lr_factor(step: int, total: int, warmup_fraction: float, min_ratio: float) -> float:
@@ -126,14 +127,11 @@ class Trainer:
         self.order = SequenceOrder(train_sequences, t.batch_size, t.seed)
         self.total_steps = t.steps or max(1, int(t.epochs * self.order.steps_per_epoch))
 
-        loss = cfg.loss
-        self.module = DraftTrainStep(self.draft, cfg.resolved_gamma(), loss.selector_weight,
-                                     loss.selector_grad_to_backbone, loss.logits_chunk,
-                                     loss.distill_weight, LossOptions.from_section(loss)).to(device)
+        self.module = training_module(cfg, self.draft, target_model).to(device)
         self.wrapped = self.dist.wrap(self.module, t.parallel)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.clip_groups = clip_groups(self.module, separate_selector=cfg.optim.clip_selector_separately
-                                       and not loss.selector_grad_to_backbone)
+                                       and not cfg.loss.selector_grad_to_backbone)
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=o.betas, eps=o.eps,
                                            weight_decay=o.weight_decay)
