@@ -147,14 +147,15 @@ def fresh_recursion(head, target, norm, adapter, prefix: list[int], steps: int, 
         x = head.fuse(norm(features), torch.tensor([prefix[1:]], device=device))           # entries 1..s
         positions = torch.arange(1, s + 1, device=device)[None]
         splice = KVSplice()
-        hidden = head.run_layer(x, positions, splice, torch.ones(s, s, dtype=torch.bool).tril()[None, None])[:, -1]
+        causal = torch.ones(s, s, dtype=torch.bool, device=device).tril()
+        hidden = head.run_layer(x, positions, splice, causal[None, None])[:, -1]
         kv, tokens, outputs = splice.new, [], []
         for i in range(steps):
             if i:
                 splice = KVSplice(kv)
                 x = head.fuse(hidden[:, None], torch.tensor([[tokens[-1]]], device=device))
                 hidden = head.run_layer(x, torch.tensor([[s + i]], device=device), splice,
-                                        torch.ones(1, 1, 1, s + i, dtype=torch.bool))[:, 0]
+                                        torch.ones(1, 1, 1, s + i, dtype=torch.bool, device=device))[:, 0]
                 kv = tuple(torch.cat(p, dim=2) for p in zip(kv, splice.new))
             outputs.append(hidden[0])
             tokens.append(int(head.logits(hidden).argmax(dim=-1)) if forced is None else forced[i])

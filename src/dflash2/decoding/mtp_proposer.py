@@ -76,8 +76,7 @@ class MtpProposer:
         self._flush()
         valid = mask.bool()
         positions = (mask.cumsum(-1) - 1).clamp(min=0) + 1              # entry p: hidden at p - 1, token at p
-        with self.stopwatch("draft"):
-            kv, out = self._run(features, following.to(features.device), positions, valid, None)
+        kv, out = self._run(features, following.to(features.device), positions, valid, None)   # the prefill's share
         last_out, last_position = out[:, -1], positions[:, -1]          # left-padded: the right edge is the newest
         if self.kv is None:
             self.kv, self.positions, self.valid = kv, positions, valid

@@ -268,9 +268,8 @@ def last_attention_layer(model) -> int:
 def warm_start_from_target(head: MtpHead, target_model) -> list[str]:
     """Copy the target's last full-attention layer into the head's layer, and the target's final norm
     into the head's, wherever a tensor of the same name and shape exists; returns the names copied."""
-    from dflash2.decoding.verifier import decoder_layers
-
-    source = decoder_layers(target_model)[last_attention_layer(target_model)]
+    decoder = target_model.get_decoder() if hasattr(target_model, "get_decoder") else target_model.model
+    source = decoder.layers[last_attention_layer(target_model)]
     theirs = dict(source.named_parameters())
     copied = []
     with torch.no_grad():

@@ -41,16 +41,21 @@ ARMS = {  # name -> (use_selector, use_conv)
 TEMPERATURES = {"t0": {"temperature": 0.0}, "t1": {"temperature": 1.0, "top_p": 0.95, "top_k": 20}}
 
 
-def train_arm(config_path: str, overrides: list[str], arm: str, out: Path) -> dict:
-    """Train one arm (unless its final/ exists) -> {"seconds": ..., "summary": ...}."""
+def arm_overrides(arm: str) -> list[str]:
+    use_selector, use_conv = ARMS[arm]
+    return [f"draft.use_selector={str(use_selector).lower()}", f"draft.use_conv={str(use_conv).lower()}"]
+
+
+def train_arm(config_path: str, overrides: list[str], arm: str, out: Path, own: list[str] | None = None) -> dict:
+    """Train one arm (unless its final/ exists) -> {"seconds": ..., "summary": ...}. `own`: the arm's
+    own overrides (default: its `ARMS` switches), applied after the shared ones."""
     run_dir = out / arm
     record = run_dir / "ablation-train.json"
     if (run_dir / "final").is_dir() and record.is_file():
         return json.loads(record.read_text())
-    use_selector, use_conv = ARMS[arm]
-    cfg = load_config(config_path, [*overrides, f"draft.use_selector={str(use_selector).lower()}",
-                                    f"draft.use_conv={str(use_conv).lower()}", f"train.output_dir={run_dir}"])
-    print(f"# ablation: training {arm}", file=sys.stderr)
+    cfg = load_config(config_path, [*overrides, *(arm_overrides(arm) if own is None else own),
+                                    f"train.output_dir={run_dir}"])
+    print(f"# training {arm}", file=sys.stderr)
     trainer = Trainer(cfg)
     clock = time.perf_counter()
     try:
