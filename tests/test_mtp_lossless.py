@@ -22,7 +22,8 @@ from dflash2.decoding.lookup import SuffixStore
 from dflash2.decoding.verifier import TargetAdapter
 from dflash2.model.mtp import KVSplice, create_mtp_head, target_final_norm
 from dflash2.targets.tiny import tiny_target
-from test_lossless_hybrid import hf_greedy
+from test_lossless_greedy import run_batched
+from test_lossless_hybrid import hf_greedy, join_two_every_other_cycle
 from test_lossless_sampling import (SAMPLES, SETTINGS, VOCAB, PROMPT, accept_ignoring_q, chi_square_pvalue,
                                     exact_joint, resample_from_p)
 from test_tree import TreePolicy
@@ -57,26 +58,19 @@ def decoder(target, head, proposer="mtp", mode="always"):
                                                proposer=proposer), mode)
 
 
-def run(dec, prompts, config, batch_size):
-    out = []
-    for i in range(0, len(prompts), batch_size):
-        out += dec.generate(prompts[i:i + batch_size], config)
-    return out
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("proposer", ["mtp", "hybrid"])
 def test_mtp_matches_hf_generate(models, family, mode, proposer):
     target, head, prompts, expected = models[family]
-    results = run(decoder(target, head, proposer, mode), prompts, GenerationConfig(max_new_tokens=NEW_TOKENS), 4)
+    results = run_batched(decoder(target, head, proposer, mode), prompts, GenerationConfig(max_new_tokens=NEW_TOKENS), 4)
     assert [r.tokens for r in results] == expected
 
 
 @pytest.mark.parametrize("block_size", [2, 4])
 def test_mtp_block_sizes_one_row_at_a_time(models, block_size):
     target, head, prompts, expected = models["qwen3_5"]
-    results = run(decoder(target, head), prompts[:3], GenerationConfig(max_new_tokens=NEW_TOKENS,
+    results = run_batched(decoder(target, head), prompts[:3], GenerationConfig(max_new_tokens=NEW_TOKENS,
                                                                        block_size=block_size), 1)
     assert [r.tokens for r in results] == expected[:3]
 
@@ -86,23 +80,14 @@ def test_mtp_stop_tokens_mid_block(models):
     stop = expected[0][5]
     want = [e[: e.index(stop) + 1] if stop in e else e for e in expected]
     config = GenerationConfig(max_new_tokens=NEW_TOKENS, stop_token_ids=(stop,))
-    assert [r.tokens for r in run(decoder(target, head, "hybrid", "random"), prompts, config, 4)] == want
+    assert [r.tokens for r in run_batched(decoder(target, head, "hybrid", "random"), prompts, config, 4)] == want
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_next"])
 def test_mtp_requests_joining_a_running_batch(models, family):
     target, head, prompts, expected = models[family]
-    session = decoder(target, head, "hybrid", "random").session()
     lengths = [NEW_TOKENS, 6, NEW_TOKENS, 2, 13, NEW_TOKENS, 1, 9]
-    outputs, keys, waiting, cycle = {}, {}, list(range(len(prompts))), 0
-    while waiting or session:
-        if waiting and cycle % 2 == 0:
-            for i in waiting[:2]:
-                keys[session.add([prompts[i]], GenerationConfig(max_new_tokens=lengths[i]))[0]] = i
-            waiting = waiting[2:]
-        for event in session.step():
-            outputs.setdefault(keys[event.key], []).extend(event.tokens)
-        cycle += 1
+    outputs = join_two_every_other_cycle(decoder(target, head, "hybrid", "random"), prompts, lengths)
     assert [outputs[i] for i in range(len(prompts))] == [expected[i][:n] for i, n in enumerate(lengths)]
 
 

@@ -27,7 +27,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from dflash2.argparsing import ModelSettings, OneLineParser, parse_list
+from dflash2.argparsing import ModelSettings, parse_list
 from dflash2.data.prompts import load_conversations
 from dflash2.errors import require
 from dflash2.eval import bench
@@ -36,7 +36,7 @@ from dflash2.fileio import check_output, fmt, markdown_table, write_json, write_
 from dflash2.model.families import load_draft
 from dflash2.pipeline import build_pipeline, load_decoder
 from dflash2.provenance import git_commit, machine_info, machine_line
-from dflash2.training.ablation import train_arm
+from dflash2.training.ablation import arms_parser, chosen_arms, train_arm
 from dflash2.training.config import load_config
 from dflash2.training.preflight import check_inputs
 
@@ -142,14 +142,8 @@ def render(result: dict, concurrency: list[int]) -> str:
 
 
 def parse_args(argv):
-    p = OneLineParser(prog="dflash2 families", description="DFlash2, DFlash v1 and an MTP head trained at equal "
-                      "budget and verify width, measured by the yardstick and end-to-end speed: one table.")
-    p.add_argument("config", help="base YAML training config (e.g. configs/smollm2-dflash2.yaml)")
-    p.add_argument("overrides", nargs="*", help="dotted overrides for every arm, e.g. train.max_cpu_seconds=36000")
-    p.add_argument("--arms", default=",".join(FAMILY_ARMS), help=f"comma list of {', '.join(FAMILY_ARMS)}")
-    p.add_argument("--output", default="runs/families")
-    p.add_argument("--target", default="smollm2")
-    p.add_argument("--datasets", default="gsm8k,math500,humaneval,mbpp,mt-bench", help="speed: benchmark sets")
+    p = arms_parser("dflash2 families", "DFlash2, DFlash v1 and an MTP head trained at equal budget and verify "
+                    "width, measured by the yardstick and end-to-end speed: one table.", FAMILY_ARMS, "runs/families")
     p.add_argument("--num-prompts", type=int, default=10, help="speed: prompts per dataset")
     p.add_argument("--max-new-tokens", type=int, default=128, help="speed: new tokens per prompt")
     p.add_argument("--concurrency", default="1,8", help="speed: batch sizes")
@@ -158,9 +152,7 @@ def parse_args(argv):
     p.add_argument("--per-benchmark", type=int, default=2, help="yardstick: prompts per benchmark")
     p.add_argument("--yardstick-tokens", type=int, default=96, help="yardstick: new tokens per prompt")
     args = p.parse_intermixed_args(argv)
-    args.arms = parse_list(args.arms, "--arms")
-    unknown = [a for a in args.arms if a not in FAMILY_ARMS]
-    require(not unknown, f"--arms: unknown arm '{unknown[0] if unknown else ''}' (choose from {', '.join(FAMILY_ARMS)})")
+    args.arms = chosen_arms(args.arms, FAMILY_ARMS)
     items = parse_list(args.concurrency, "--concurrency")
     require(all(c.isdigit() and int(c) > 0 for c in items), f"--concurrency must be positive integers, got '{args.concurrency}'")
     args.concurrency = [int(c) for c in items]

@@ -150,23 +150,35 @@ def report(out: Path, arms: list[str], trained: dict, benches: dict, datasets: l
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = OneLineParser(prog="dflash2 ablation", description="Equal-budget ablation: DFlash v1, +selector, "
-                                "+convs, DFlash2 trained alike and measured by real speculative decoding.")
+def arms_parser(prog: str, description: str, arms, output: str) -> OneLineParser:
+    """The options of every equal-budget comparison of arms: a base config, overrides for every
+    arm, which arms, where to write, the target and the benchmark sets."""
+    p = OneLineParser(prog=prog, description=description)
     p.add_argument("config", help="base YAML training config (e.g. configs/smollm2-dflash2.yaml)")
     p.add_argument("overrides", nargs="*", help="dotted overrides applied to every arm, e.g. train.steps=150")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {', '.join(ARMS)}")
-    p.add_argument("--output", default="runs/ablation")
+    p.add_argument("--arms", default=",".join(arms), help=f"comma list of {', '.join(arms)}")
+    p.add_argument("--output", default=output)
     p.add_argument("--target", default="smollm2")
     p.add_argument("--datasets", default="gsm8k,math500,humaneval,mbpp,mt-bench")
+    return p
+
+
+def chosen_arms(text: str, known) -> list[str]:
+    arms = parse_list(text, "--arms")
+    unknown = [a for a in arms if a not in known]
+    require(not unknown, f"--arms: unknown arm '{unknown[0] if unknown else ''}' (choose from {', '.join(known)})")
+    return arms
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = arms_parser("dflash2 ablation", "Equal-budget ablation: DFlash v1, +selector, +convs, DFlash2 trained "
+                    "alike and measured by real speculative decoding.", ARMS, "runs/ablation")
     p.add_argument("--num-prompts", type=int, default=24)
     p.add_argument("--t1-num-prompts", type=int, default=None, help="prompts per dataset at T=1 (default: --num-prompts)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=8)
     args = p.parse_intermixed_args(argv)  # overrides and options in any order
-    arms = parse_list(args.arms, "--arms")
-    unknown = [a for a in arms if a not in ARMS]
-    require(not unknown, f"--arms: unknown arm '{unknown[0] if unknown else ''}' (choose from {', '.join(ARMS)})")
+    arms = chosen_arms(args.arms, ARMS)
     for flag, value in (("--concurrency", args.concurrency), ("--num-prompts", args.num_prompts),
                         ("--t1-num-prompts", args.t1_num_prompts), ("--max-new-tokens", args.max_new_tokens)):
         # the benches use these only after every arm has trained: check them before the first
