@@ -149,3 +149,24 @@ def test_head_checkpoint_round_trip_and_bad_tensors(tmp_path):
     save_file(state, str(tmp_path / "head" / "model.safetensors"))
     with pytest.raises(DFlash2Error, match="missing tensor 'norm.weight'"):
         load_mtp_head(tmp_path / "head")
+
+
+def test_a_head_and_a_draft_are_not_confused(targets, tmp_path, capsys):
+    """`--proposer mtp` needs an MTP head, `--proposer draft` a DFlash draft; each is refused in one line
+    before the target loads, and so is `--proposer mtp --no-draft`."""
+    directory, _ = targets["qwen3_5"]
+    head, draft = tmp_path / "head", tmp_path / "draft"
+    assert main(["init-draft", "--target", str(directory), "--family", "mtp", "--out", str(head)]) == 0
+    assert "the target's own MTP head" in capsys.readouterr().out
+    assert main(["init-draft", "--target", str(directory), "--out", str(draft), "--layers", "1"]) == 0
+    capsys.readouterr()
+    common = ["generate", "--target", str(directory), "--prompt", "hi", "--no-chat", "--max-new-tokens", "2"]
+    for extra, message in ((["--proposer", "mtp", "--draft", str(draft)], "is a DFlash draft, not an MTP head"),
+                           (["--proposer", "draft", "--draft", str(head)], "is an MTP head: use --proposer mtp"),
+                           (["--proposer", "mtp", "--no-draft"], "--proposer mtp needs a draft")):
+        assert main(common + extra) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and message in err, err
+    assert main(common + ["--draft", str(head), "--json"]) == 0       # the default proposer (hybrid) takes a head
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["proposer"] == "hybrid"
+    assert load_mtp_head(head).config.origin == "target"
