@@ -1,7 +1,8 @@
-"""`dflash2 families` end to end on the real SmolLM2 target: DFlash2, DFlash v1 and an MTP head, one
-training step each from the same config, measured by the yardstick and by end-to-end speed at both
-temperatures, one table; a second invocation reuses what exists. And
-`init-draft --family mtp` writes a head the yardstick measures like a draft."""
+"""`dflash2 families` end to end on the real SmolLM2 target: DFlash v1 and an MTP head (the DFlash2
+arm differs from v1 only in two config switches), one training step each from the same config,
+measured by the yardstick and by end-to-end speed at both temperatures, one table; a second
+invocation reuses what exists. And `init-draft --family mtp` writes a head the yardstick measures
+like a draft."""
 from __future__ import annotations
 
 import json
@@ -24,10 +25,10 @@ def test_families_train_measure_and_tabulate_each_arm_alike(smollm2_cache, tmp_p
             "train.steps=1", "train.batch_size=2", "train.log_every=1", "train.checkpoint_every=null",
             "train.progress=false", "--datasets", "gsm8k", "--num-prompts", "1", "--max-new-tokens", "5",
             "--concurrency", "1", "--heldout", "1", "--per-benchmark", "1", "--yardstick-tokens", "6",
-            "--output", str(out)]
+            "--arms", "dflash-v1,mtp", "--output", str(out)]
     assert cli_main(argv) == 0
     result = json.loads((out / "families.json").read_text())
-    assert list(result["arms"]) == ["dflash2", "dflash-v1", "mtp"]
+    assert list(result["arms"]) == ["dflash-v1", "mtp"]
     for arm, entry in result["arms"].items():
         assert entry["steps"] == 1 and entry["tokens"] > 0
         assert 1.0 <= entry["tau"]["t0"] <= 4.0 and 1.0 <= entry["tau"]["t1"] <= 4.0
@@ -37,7 +38,7 @@ def test_families_train_measure_and_tabulate_each_arm_alike(smollm2_cache, tmp_p
         assert speed["overall"]["mismatches"] == 0 and speed["settings"]["block_size"] == 4
         assert speed["settings"]["proposer"] == ("mtp" if arm == "mtp" else "draft")
     head = load_mtp_head(out / "mtp" / "final")
-    assert head.config.block_size == 4 and head.num_parameters() < result["arms"]["dflash2"]["parameters"]
+    assert head.config.block_size == 4 and head.num_parameters() < result["arms"]["dflash-v1"]["parameters"]
     prompts = json.loads((out / "yardstick-prompts.json").read_text())["prompts"]
     assert [p["source"] for p in prompts].count(DATA.name) == 1     # one held-out record, then benchmark prompts
     text = (out / "families.md").read_text()
