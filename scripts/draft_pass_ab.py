@@ -16,11 +16,11 @@ import time
 
 import torch
 
-from dflash2.decoding.mtp_proposer import MtpProposer, prompt_following
-from dflash2.decoding.proposer import DraftProposer
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.following import prompt_following
+from dflash2.decoding.loop.timing import Stopwatch
+from dflash2.decoding.proposers.kinds import drafter_for
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.model.families import load_draft
-from dflash2.model.mtp import target_final_norm
 from dflash2.pipeline import draft_dtype_for, shipped_draft_path
 from dflash2.targets.builtin import load_target
 from dflash2.targets.chat import encode_prompt
@@ -36,12 +36,8 @@ def proposer_for(model, target, tokenizer, batch: int):
     logits, features, mask = adapter.add_rows([ids] * batch)
     adapter.close()                                   # the proposers keep what they need of the context
     first = logits[:, -1].argmax(dim=-1)
-    if hasattr(model, "fuse"):
-        proposer = MtpProposer(model, target_final_norm(target))
-        proposer.add_rows(features, mask, following=prompt_following([ids] * batch, first, mask.shape[1]))
-    else:
-        proposer = DraftProposer(model)
-        proposer.add_rows(features, mask)
+    proposer = drafter_for(model, adapter).new(Stopwatch(None))
+    proposer.add_rows(features, mask, following=prompt_following([ids] * batch, first, mask.shape[1]))
     return proposer, first, adapter.next_position.clone()
 
 

@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
 from dflash2.cli import main
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.errors import DFlash2Error
 from dflash2.model.mtp import create_mtp_head
 from dflash2.model.mtp_checkpoint import head_from_target, load_mtp_head, save_mtp_head, target_mtp_state
@@ -161,7 +161,7 @@ def test_a_head_and_a_draft_are_not_confused(targets, tmp_path, capsys):
     assert main(["init-draft", "--target", str(directory), "--out", str(draft), "--layers", "1"]) == 0
     capsys.readouterr()
     common = ["generate", "--target", str(directory), "--prompt", "hi", "--no-chat", "--max-new-tokens", "2"]
-    for extra, message in ((["--proposer", "mtp", "--draft", str(draft)], "is a DFlash draft, not an MTP head"),
+    for extra, message in ((["--proposer", "mtp", "--draft", str(draft)], "is a DFlash draft: use --proposer draft"),
                            (["--proposer", "draft", "--draft", str(head)], "is an MTP head: use --proposer mtp"),
                            (["--proposer", "mtp", "--no-draft"], "--proposer mtp needs a draft")):
         assert main(common + extra) == 2

@@ -1,4 +1,4 @@
-"""The MTP proposer (`decoding.mtp_proposer`) is lossless, and its cache is the committed sequence's.
+"""The MTP proposer (`decoding.proposers.mtp`) is lossless, and its cache is the committed sequence's.
 
 Greedy output equals Hugging Face `generate()` token for token (fp32) for random MTP heads on the
 attention-only and hybrid tiny families, alone and beside lookup (`hybrid`), at every speculation
@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-import dflash2.decoding.engine as engine_module
+import dflash2.decoding.loop.engine as engine_module
 from conftest import MODES, TEST_DEVICE, RandomLengthPolicy, with_speculation
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.lookup import SuffixStore
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.policy.cycle import CyclePlan
+from dflash2.decoding.proposers.lookup import SuffixStore
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.model.mtp import KVSplice, create_mtp_head, target_final_norm
 from dflash2.targets.tiny import tiny_target
 from test_lossless_greedy import run_batched
@@ -95,8 +96,8 @@ class DraftingRandomPolicy(RandomLengthPolicy):
     """Random lengths, sources and plain steps; the MTP pass runs whenever the plan says so, even
     where lookup covers every row."""
 
-    def worth_drafting(self, b, offer, block):
-        return True
+    def prepare(self, b, offer, block, can_draft=True):
+        return CyclePlan(can_draft and block > 1, chooser=lambda offer, seconds: self.choose(b, offer, block))
 
 
 class RecordingDecoder(SpeculativeDecoder):

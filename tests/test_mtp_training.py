@@ -14,8 +14,8 @@ import json
 import pytest
 import torch
 
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.errors import DFlash2Error
 from dflash2.model.mtp import create_mtp_head, target_final_norm
 from dflash2.model.mtp_checkpoint import load_mtp_head

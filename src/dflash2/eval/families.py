@@ -29,13 +29,14 @@ from pathlib import Path
 
 from dflash2.argparsing import ModelSettings, parse_list
 from dflash2.data.prompts import load_conversations
+from dflash2.decoding.proposers.kinds import model_proposer
 from dflash2.errors import require
 from dflash2.eval import bench
 from dflash2.eval.yardstick import YardstickSettings, frozen_prompts, measure
-from dflash2.fileio import check_output, fmt, markdown_table, write_json, write_text
+from dflash2.files.atomic import check_output, fmt, markdown_table, write_json, write_text
 from dflash2.model.families import load_draft
 from dflash2.pipeline import build_pipeline, load_decoder
-from dflash2.provenance import git_commit, machine_info, machine_line
+from dflash2.runtime.provenance import git_commit, machine_info, machine_line
 from dflash2.training.ablation import arms_parser, chosen_arms, train_arm
 from dflash2.training.config import load_config
 from dflash2.training.preflight import check_inputs
@@ -57,8 +58,12 @@ REFERENCES = [  # (source, what, figures)
 ]
 
 
+def arm_family(arm: str) -> str:
+    return "mtp" if arm == "mtp" else "dflash2"
+
+
 def arm_proposer(arm: str) -> str:
-    return "mtp" if arm == "mtp" else "draft"
+    return model_proposer(arm_family(arm))
 
 
 def yardstick_arm(arm_dir: Path, arm: str, settings: YardstickSettings, prompts_file: Path, target: str) -> dict:
@@ -86,7 +91,7 @@ def speed_arm(arm_dir: Path, arm: str, temperature: str, args) -> dict:
 
 def arm_entry(arm: str, arm_dir: Path, trained: dict, yard: dict, speed: dict, concurrency: list[int]) -> dict:
     summary = trained["summary"]
-    entry = {"family": "mtp" if arm == "mtp" else "dflash2", "parameters": load_draft(arm_dir / "final").num_parameters(),
+    entry = {"family": arm_family(arm), "parameters": load_draft(arm_dir / "final").num_parameters(),
              "steps": summary["steps"], "tokens": summary["tokens"], "cpu_hours": summary["cpu_seconds"] / 3600,
              "teacher_forced_tau": summary.get("last", {}).get("tau"), "tau": yard["tau"],
              "position_acceptance": yard["extra"]["position_acceptance"],

@@ -35,13 +35,14 @@ from dflash2.data.holdout import is_held_out
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
 from dflash2.argparsing import OneLineParser, add_recalibrate_argument, apply_recalibrate
 from dflash2.data.shards import load_manifest, read_records
-from dflash2.decoding.engine import GenerationConfig
-from dflash2.decoding.proposer import DRAFT_PHASES
+from dflash2.decoding.loop.engine import GenerationConfig
+from dflash2.decoding.proposers.draft import DRAFT_PHASES
+from dflash2.decoding.proposers.kinds import model_proposer
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import atomic_write, require_writable
+from dflash2.files.atomic import atomic_write, require_writable
 from dflash2.model.families import family_of, load_draft
 from dflash2.pipeline import load_decoder
-from dflash2.provenance import cpu_model, git_commit, machine_identity
+from dflash2.runtime.provenance import cpu_model, git_commit, machine_identity
 from dflash2.targets.chat import encode_messages
 
 TEMPERATURES = {"t0": dict(temperature=0.0), "t1": dict(temperature=1.0, top_p=0.95, top_k=20)}
@@ -214,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = YardstickSettings(tuple(args.data), args.heldout, args.per_benchmark, args.max_new_tokens,
                                      args.batch_size)
         for i, draft in enumerate(args.draft):
-            proposer = "mtp" if args.families[i] == "mtp" else "draft"
-            pipe = load_decoder(args.target, draft, args.device, speculate="always", proposer=proposer, lattice=False)
+            pipe = load_decoder(args.target, draft, args.device, speculate="always",
+                                proposer=model_proposer(args.families[i]), lattice=False)
             result = measure(pipe, settings, frozen_prompts(Path(args.prompts), pipe.tokenizer, settings))
             arm = args.arm[i] if args.arm else draft
             row = {"arm": arm, "draft": draft, "budget": training_budget(Path(draft)), **asdict(result),

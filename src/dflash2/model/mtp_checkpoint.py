@@ -29,8 +29,8 @@ from safetensors import safe_open
 from dflash2.errors import DFlash2Error, require
 from dflash2.model.draft import CONFIG_FILE, read_checked_weights, write_checkpoint
 from dflash2.model.mtp import MTP_ARCH, MtpConfig, MtpHead
-from dflash2.userjson import parse_json
-from dflash2.weights import require_finite
+from dflash2.files.userjson import parse_json
+from dflash2.files.weights import require_finite
 
 PREFIX = "mtp."
 _EXPERT = re.compile(r"^(layers\.0\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
