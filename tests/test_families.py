@@ -11,6 +11,7 @@ from pathlib import Path
 from dflash2.cli import main as cli_main
 from dflash2.eval.yardstick import main as yardstick_main
 from dflash2.model.mtp_checkpoint import load_mtp_head
+from training_util import one_step_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data" / "regen" / "smollm2-sharegpt"
@@ -20,12 +21,10 @@ def test_families_train_measure_and_tabulate_each_arm_alike(smollm2_cache, tmp_p
     cache, _ = smollm2_cache
     monkeypatch.setenv("DFLASH2_CACHE", str(cache))
     out = tmp_path / "families"
-    argv = ["families", str(REPO / "configs" / "smollm2-dflash2.yaml"), f"data.train=[{DATA}]", "data.max_seq_len=96",
-            "data.feature_cache_dir=null", "draft.num_layers=1", "draft.block_size=4", "loss.num_anchors=2",
-            "train.steps=1", "train.batch_size=2", "train.log_every=1", "train.checkpoint_every=null",
-            "train.progress=false", "--datasets", "gsm8k", "--num-prompts", "1", "--max-new-tokens", "5",
-            "--concurrency", "1", "--heldout", "1", "--per-benchmark", "1", "--yardstick-tokens", "6",
-            "--arms", "dflash-v1,mtp", "--output", str(out)]
+    argv = ["families", str(REPO / "configs" / "smollm2-dflash2.yaml"), *one_step_overrides(DATA), "draft.block_size=4",
+            "--datasets", "gsm8k", "--num-prompts", "1", "--max-new-tokens", "5", "--concurrency", "1",
+            "--heldout", "1", "--per-benchmark", "1", "--yardstick-tokens", "6", "--arms", "dflash-v1,mtp",
+            "--output", str(out)]
     assert cli_main(argv) == 0
     result = json.loads((out / "families.json").read_text())
     assert list(result["arms"]) == ["dflash-v1", "mtp"]

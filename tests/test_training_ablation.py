@@ -9,6 +9,7 @@ import matplotlib.image as mpimg
 
 from dflash2.cli import main as cli_main
 from dflash2.model.config import DFlash2Config
+from training_util import one_step_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -18,9 +19,7 @@ def test_ablation_trains_and_measures_each_arm_alike(smollm2_cache, tmp_path, mo
     monkeypatch.setenv("DFLASH2_CACHE", str(cache))
     out = tmp_path / "ablation"
     argv = ["ablation", str(REPO / "configs" / "smollm2-dflash2.yaml"),
-            f"data.train=[{REPO / 'data' / 'regen' / 'smollm2-sharegpt'}]", "data.max_seq_len=96", "data.feature_cache_dir=null",
-            "draft.num_layers=1", "loss.num_anchors=2", "train.steps=1", "train.batch_size=2", "train.grad_accum=1",
-            "train.log_every=1", "train.checkpoint_every=null", "train.progress=false",
+            *one_step_overrides(REPO / "data" / "regen" / "smollm2-sharegpt"), "train.grad_accum=1",
             "--arms", "dflash-v1,dflash2", "--datasets", "gsm8k", "--num-prompts", "2", "--t1-num-prompts", "1",
             "--max-new-tokens", "4",
             "--concurrency", "1", "--output", str(out)]
