@@ -14,7 +14,7 @@ from training_util import one_step_overrides
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_ablation_trains_and_measures_each_arm_alike(smollm2_cache, tmp_path, monkeypatch):
+def test_ablation_trains_and_measures_each_arm_alike(smollm2_cache, tmp_path, monkeypatch, capsys):
     cache, _ = smollm2_cache
     monkeypatch.setenv("DFLASH2_CACHE", str(cache))
     out = tmp_path / "ablation"
@@ -41,6 +41,11 @@ def test_ablation_trains_and_measures_each_arm_alike(smollm2_cache, tmp_path, mo
     assert "| dflash2 |" in text and "## T=0 (2 prompts per dataset, 4 new tokens)" in text
 
     stamp = (out / "dflash2" / "final" / "model.safetensors").stat().st_mtime_ns
-    assert cli_main(argv) == 0  # resumable: nothing retrained
+    assert cli_main(argv + ["train.log_every=2"]) == 0  # resumable: nothing retrained (logging is no budget)
+    assert (out / "dflash2" / "final" / "model.safetensors").stat().st_mtime_ns == stamp
+    capsys.readouterr()
+    assert cli_main(argv + ["train.steps=2"]) == 2      # another budget: the trained arms are not passed off as it
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "trained with config key 'train.steps' = 1, and this run asks for 2" in err, err
     assert (out / "dflash2" / "final" / "model.safetensors").stat().st_mtime_ns == stamp
 

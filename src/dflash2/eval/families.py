@@ -13,7 +13,8 @@ Contract:
   - end-to-end speed (`eval.bench.run_bench`: the arm's decoder, `--speculate auto`, beside its own
     autoregressive baseline, float32 target and the default draft precision) at each
     `--concurrency` (default 1 and 8), T=0 and T=1 -> OUTPUT/<arm>/speed-t0, speed-t1.
-  What exists is reused (delete it to redo): an interrupted run resumes where it stopped.
+  What exists is reused (delete it to redo): an interrupted run resumes where it stopped; an arm
+  trained with another config is refused in one line (`training.ablation.train_arm`).
 - Writes OUTPUT/families.json and OUTPUT/families.md: per arm its parameters, the budget it used
   (steps, tokens, CPU hours), tau at T=0 / T=1, per-position acceptance, draft ms per cycle,
   tokens/s and speedup per batch size and temperature; which arm wins each measure and the

@@ -9,7 +9,9 @@ Contract:
   the official T=1 (top-p 0.95, top-k 20) on `--datasets` x `--num-prompts` prompts (at T=1
   `--t1-num-prompts`, if given), in `OUTPUT/a/bench-t0` and `OUTPUT/a/bench-t1`.
 - Resumable: an arm whose `final/` exists is not retrained, a bench whose results.json exists is
-  not rerun (delete them to redo). Training wall time is recorded per arm when it trains.
+  not rerun (delete them to redo). An arm trained with another config (any key but those in
+  `REUSE_FREE`, which do not change what is trained: the budget keys count) is refused in one
+  line. Training wall time is recorded per arm when it trains.
 - Writes `OUTPUT/ablation.json`, `OUTPUT/ablation.md` (tau per dataset and mean, T=0 and T=1;
   training steps, tokens, time; last teacher-forced metrics) and `OUTPUT/ablation-curves.png`
   (teacher-forced acceptance length vs training tokens, one line per arm).
@@ -21,16 +23,18 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from dflash2.argparsing import ModelSettings, OneLineParser, parse_list
 from dflash2.data.prompts import load_conversations
 from dflash2.eval import bench
-from dflash2.errors import require
+from dflash2.errors import DFlash2Error, require
 from dflash2.files.atomic import atomic_write, check_output, fmt, markdown_table, write_json, write_text
 from dflash2.pipeline import build_pipeline
 from dflash2.runtime.provenance import git_commit, machine_info, machine_line
 from dflash2.training.config import load_config
 from dflash2.training.preflight import check_inputs
-from dflash2.training.trainer import Trainer
+from dflash2.training.trainer import Trainer, config_difference
 
 ARMS = {  # name -> (use_selector, use_conv)
     "dflash-v1": (False, False),
@@ -39,6 +43,8 @@ ARMS = {  # name -> (use_selector, use_conv)
     "dflash2": (True, True),
 }
 TEMPERATURES = {"t0": {"temperature": 0.0}, "t1": {"temperature": 1.0, "top_p": 0.95, "top_k": 20}}
+REUSE_FREE = {"train.output_dir", "train.progress", "train.log_every", "train.eval_every", "train.checkpoint_every",
+              "train.keep_checkpoints", "train.device", "data.feature_cache_dir", "data.max_eval_sequences"}
 
 
 def arm_overrides(arm: str) -> list[str]:
@@ -51,10 +57,11 @@ def train_arm(config_path: str, overrides: list[str], arm: str, out: Path, own: 
     own overrides (default: its `ARMS` switches), applied after the shared ones."""
     run_dir = out / arm
     record = run_dir / "ablation-train.json"
-    if (run_dir / "final").is_dir() and record.is_file():
-        return json.loads(record.read_text())
     cfg = load_config(config_path, [*overrides, *(arm_overrides(arm) if own is None else own),
                                     f"train.output_dir={run_dir}"])
+    if (run_dir / "final").is_dir() and record.is_file():
+        _check_reusable(run_dir, cfg)
+        return json.loads(record.read_text())
     print(f"# training {arm}", file=sys.stderr)
     trainer = Trainer(cfg)
     clock = time.perf_counter()
@@ -66,6 +73,16 @@ def train_arm(config_path: str, overrides: list[str], arm: str, out: Path, own: 
     with atomic_write(record, "w") as handle:
         json.dump(result, handle, indent=2)
     return result
+
+
+def _check_reusable(run_dir: Path, cfg) -> None:
+    """One line unless the finished arm in `run_dir` was trained with `cfg` (keys in `REUSE_FREE` aside)."""
+    trained = yaml.safe_load((run_dir / "train_config.yaml").read_text())
+    difference = config_difference(trained, cfg.to_dict(), REUSE_FREE)
+    if difference is not None:
+        key, asked, was = difference
+        raise DFlash2Error(f"{run_dir} was trained with config key '{key}' = {was!r}, and this run asks for {asked!r}: "
+                           "give the same config and overrides to reuse it, or delete it to train again")
 
 
 def bench_arm(arm_dir: Path, temperature: str, args) -> dict:

@@ -23,7 +23,8 @@ Contract:
   checkpointed and exported as at the end. `resume=True` restores the latest checkpoint (weights,
   optimizer, scheduler, step, token count, RNG) and continues on exactly the trajectory of an
   uninterrupted run. A resumed run's config must match the checkpoint's, except for the keys in
-  `RESUMABLE_CHANGES`. Returns a summary dict.
+  `RESUMABLE_CHANGES` (`config_difference(saved, current, free)`: the first key that differs). Returns
+  a summary dict.
 - `main(argv)` is the CLI entry (`dflash2.cli` dispatches `train` here). Before the target loads
   it checks the inputs and the run directory (`preflight`: an existing run is continued only
   with `--resume` and started again only with `--overwrite`, which removes only the run's own
@@ -38,6 +39,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -352,14 +354,24 @@ def _progress(total: int, initial: int, show: bool):
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
 
-def _check_same_config(saved: dict, current: dict) -> None:
+def config_difference(saved: dict, current: dict, free: set[str] = RESUMABLE_CHANGES) -> tuple[str, Any, Any] | None:
+    """The first config key outside `free` whose value differs (both in `TrainConfig.to_dict()` form):
+    (dotted key, current value, saved value), or None."""
     for section, keys in current.items():
         for key, value in keys.items():
             dotted = f"{section}.{key}"
             trained_with = saved.get(section, {}).get(key, LEGACY_VALUES.get(dotted))
-            if dotted not in RESUMABLE_CHANGES and trained_with != value:
-                raise DFlash2Error(f"--resume: config key '{dotted}' is {value!r} but the checkpoint was trained "
-                                   f"with {trained_with!r}")
+            if dotted not in free and trained_with != value:
+                return dotted, value, trained_with
+    return None
+
+
+def _check_same_config(saved: dict, current: dict) -> None:
+    difference = config_difference(saved, current)
+    if difference is not None:
+        dotted, value, trained_with = difference
+        raise DFlash2Error(f"--resume: config key '{dotted}' is {value!r} but the checkpoint was trained "
+                           f"with {trained_with!r}")
 
 
 @dataclass(frozen=True)
