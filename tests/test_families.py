@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data" / "regen" / "smollm2-sharegpt"
 
 
-def test_families_train_measure_and_tabulate_each_arm_alike(smollm2_cache, tmp_path, monkeypatch):
+def test_families_train_measure_and_tabulate_each_arm_alike(smollm2_cache, tmp_path, monkeypatch, capsys):
     cache, _ = smollm2_cache
     monkeypatch.setenv("DFLASH2_CACHE", str(cache))
     out = tmp_path / "families"
@@ -45,6 +45,14 @@ def test_families_train_measure_and_tabulate_each_arm_alike(smollm2_cache, tmp_p
 
     stamp = (out / "mtp" / "final" / "model.safetensors").stat().st_mtime_ns
     assert cli_main(argv) == 0   # resumable: nothing retrained or remeasured
+    assert (out / "mtp" / "final" / "model.safetensors").stat().st_mtime_ns == stamp
+    capsys.readouterr()
+    for changed, message in ((["train.steps=2"], "trained with config key 'train.steps' = 1, and this run asks for 2"),
+                             (["--heldout", "2"], "made with heldout = 1, and this run asks for 2"),
+                             (["--num-prompts", "2"], "made with num_prompts = 1, and this run asks for 2")):
+        assert cli_main(argv + changed) == 2   # made under other options: refused, not passed off as this run's
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and message in err, err
     assert (out / "mtp" / "final" / "model.safetensors").stat().st_mtime_ns == stamp
 
 

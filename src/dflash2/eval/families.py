@@ -13,8 +13,10 @@ Contract:
   - end-to-end speed (`eval.bench.run_bench`: the arm's decoder, `--speculate auto`, beside its own
     autoregressive baseline, float32 target and the default draft precision) at each
     `--concurrency` (default 1 and 8), T=0 and T=1 -> OUTPUT/<arm>/speed-t0, speed-t1.
-  What exists is reused (delete it to redo): an interrupted run resumes where it stopped; an arm
-  trained with another config is refused in one line (`training.ablation.train_arm`).
+  What exists is reused (delete it to redo): an interrupted run resumes where it stopped. What was
+  made under other options is refused in one line before anything runs: an arm trained with
+  another config (`training.ablation.train_arm`), frozen yardstick prompts of other data or counts,
+  a speed run of other datasets, prompts, tokens or batch sizes (`check_measured`).
 - Writes OUTPUT/families.json and OUTPUT/families.md: per arm its parameters, the budget it used
   (steps, tokens, CPU hours), tau at T=0 / T=1, per-position acceptance, draft ms per cycle,
   tokens/s and speedup per batch size and temperature; which arm wins each measure and the
@@ -38,7 +40,7 @@ from dflash2.files.atomic import check_output, fmt, markdown_table, write_json, 
 from dflash2.model.families import load_draft
 from dflash2.pipeline import build_pipeline, load_decoder
 from dflash2.runtime.provenance import git_commit, machine_info, machine_line
-from dflash2.training.ablation import arms_parser, chosen_arms, train_arm
+from dflash2.training.ablation import arms_parser, check_trained_arm, chosen_arms, train_arm
 from dflash2.training.config import load_config
 from dflash2.training.preflight import check_inputs
 
@@ -167,6 +169,32 @@ def parse_args(argv):
     return args
 
 
+def check_reusable(path: Path, stored: dict, asked: dict) -> None:
+    """One line unless what `path` holds was made with the settings `asked` (each key's value)."""
+    for key, value in asked.items():
+        require(stored.get(key) == value, f"{path} was made with {key} = {stored.get(key)!r}, and this run asks for "
+                f"{value!r}: give the same options to reuse it, or delete it to measure again")
+
+
+def check_measured(out: Path, args, configs: dict, data: tuple[str, ...]) -> None:
+    """What an earlier run made is reused only under the same options: each trained arm, the frozen
+    yardstick prompts and each speed run."""
+    for arm, cfg in configs.items():
+        if (out / arm / "final").is_dir() and (out / arm / "train_config.yaml").is_file():
+            check_trained_arm(out / arm, cfg)
+    prompts = out / "yardstick-prompts.json"
+    if prompts.is_file():
+        check_reusable(prompts, json.loads(prompts.read_text()).get("settings", {}),
+                       {"data_dirs": [str(d) for d in data], "heldout": args.heldout, "per_benchmark": args.per_benchmark})
+    for arm in args.arms:
+        for temp in TEMPERATURES:
+            results = out / arm / f"speed-{temp}" / "results.json"
+            if results.is_file():
+                check_reusable(results, json.loads(results.read_text())["settings"],
+                               {"datasets": parse_list(args.datasets, "--datasets"), "num_prompts": args.num_prompts,
+                                "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency})
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -176,9 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     load_conversations(parse_list(args.datasets, "--datasets"), args.num_prompts)
     check_output(args.output)
     out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    trained = {arm: train_arm(args.config, args.overrides, arm, out, FAMILY_ARMS[arm]) for arm in args.arms}
     data = tuple(next(iter(configs.values())).data.train)
+    check_measured(out, args, configs, data)
+    out.mkdir(parents=True, exist_ok=True)
+    commit = git_commit()   # the commit whose code runs, read before the (long) run
+    trained = {arm: train_arm(args.config, args.overrides, arm, out, FAMILY_ARMS[arm]) for arm in args.arms}
     yard_settings = YardstickSettings(data, args.heldout, args.per_benchmark, args.yardstick_tokens)
     arms = {}
     for arm in args.arms:
@@ -187,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         arms[arm] = arm_entry(arm, out / arm, trained[arm], yard, speed, args.concurrency)
         print(f"# {arm}: tau T=0 {fmt(arms[arm]['tau']['t0'])}, T=1 {fmt(arms[arm]['tau']['t1'])}, draft "
               f"{fmt(arms[arm]['draft_ms_per_cycle'], 1)} ms/cycle", file=sys.stderr)
-    result = {"arms": arms, "command": "dflash2 families " + " ".join(argv), "commit": git_commit(),
+    result = {"arms": arms, "command": "dflash2 families " + " ".join(argv), "commit": commit,
               "machine": machine_line(machine_info()), "references": REFERENCES}
     result["verdicts"] = verdicts(arms)
     write_json(out / "families.json", result)

@@ -10,8 +10,8 @@ Contract:
   `--t1-num-prompts`, if given), in `OUTPUT/a/bench-t0` and `OUTPUT/a/bench-t1`.
 - Resumable: an arm whose `final/` exists is not retrained, a bench whose results.json exists is
   not rerun (delete them to redo). An arm trained with another config (any key but those in
-  `REUSE_FREE`, which do not change what is trained: the budget keys count) is refused in one
-  line. Training wall time is recorded per arm when it trains.
+  `REUSE_FREE`, which do not change what is trained: the budget keys count) is refused in one line
+  (`check_trained_arm`). Training wall time is recorded per arm when it trains.
 - Writes `OUTPUT/ablation.json`, `OUTPUT/ablation.md` (tau per dataset and mean, T=0 and T=1;
   training steps, tokens, time; last teacher-forced metrics) and `OUTPUT/ablation-curves.png`
   (teacher-forced acceptance length vs training tokens, one line per arm).
@@ -60,7 +60,7 @@ def train_arm(config_path: str, overrides: list[str], arm: str, out: Path, own: 
     cfg = load_config(config_path, [*overrides, *(arm_overrides(arm) if own is None else own),
                                     f"train.output_dir={run_dir}"])
     if (run_dir / "final").is_dir() and record.is_file():
-        _check_reusable(run_dir, cfg)
+        check_trained_arm(run_dir, cfg)
         return json.loads(record.read_text())
     print(f"# training {arm}", file=sys.stderr)
     trainer = Trainer(cfg)
@@ -75,7 +75,7 @@ def train_arm(config_path: str, overrides: list[str], arm: str, out: Path, own: 
     return result
 
 
-def _check_reusable(run_dir: Path, cfg) -> None:
+def check_trained_arm(run_dir: Path, cfg) -> None:
     """One line unless the finished arm in `run_dir` was trained with `cfg` (keys in `REUSE_FREE` aside)."""
     trained = yaml.safe_load((run_dir / "train_config.yaml").read_text())
     difference = config_difference(trained, cfg.to_dict(), REUSE_FREE)
