@@ -32,10 +32,10 @@ class OracleProposer:
         self.vocab_size = vocab_size
         self.wrong = wrong
 
-    def add_rows(self, features, mask):
+    def add_rows(self, features, mask, following=None):
         pass
 
-    def append(self, features, counts, first_position, defer=False):
+    def append(self, features, counts, first_position, defer=False, following=None):
         pass
 
     def select_rows(self, rows):

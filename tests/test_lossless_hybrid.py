@@ -160,9 +160,16 @@ def test_rows_joining_a_running_batch(hybrids, family):
     the batch's), others finish and leave."""
     target, draft, prompts, expected = hybrids[family]
     decoder = with_speculation(SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft), "random")
-    session, outputs, keys = decoder.session(), {}, {}
     lengths = [NEW_TOKENS, 5, NEW_TOKENS, 2, 11, NEW_TOKENS, 1, 9]
-    waiting, cycle = list(range(NUM_PROMPTS)), 0
+    outputs = join_two_every_other_cycle(decoder, prompts, lengths)
+    assert [outputs[i] for i in range(NUM_PROMPTS)] == [expected[i][:n] for i, n in enumerate(lengths)]
+
+
+def join_two_every_other_cycle(decoder, prompts: list[list[int]], lengths: list[int]) -> dict[int, list[int]]:
+    """Decode prompt i for lengths[i] tokens in one running session, two requests joining every
+    other cycle -> {i: its tokens}."""
+    session, outputs, keys = decoder.session(), {}, {}
+    waiting, cycle = list(range(len(prompts))), 0
     while waiting or session:
         if waiting and cycle % 2 == 0:
             for i in waiting[:2]:
@@ -171,7 +178,7 @@ def test_rows_joining_a_running_batch(hybrids, family):
         for event in session.step():
             outputs.setdefault(keys[event.key], []).extend(event.tokens)
         cycle += 1
-    assert [outputs[i] for i in range(NUM_PROMPTS)] == [expected[i][:n] for i, n in enumerate(lengths)]
+    return outputs
 
 
 def recurrent_state(adapter: TargetAdapter, row: int) -> list[torch.Tensor]:

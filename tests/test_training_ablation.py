@@ -9,18 +9,17 @@ import matplotlib.image as mpimg
 
 from dflash2.cli import main as cli_main
 from dflash2.model.config import DFlash2Config
+from training_util import one_step_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_ablation_trains_and_measures_each_arm_alike(smollm2_cache, tmp_path, monkeypatch):
+def test_ablation_trains_and_measures_each_arm_alike(smollm2_cache, tmp_path, monkeypatch, capsys):
     cache, _ = smollm2_cache
     monkeypatch.setenv("DFLASH2_CACHE", str(cache))
     out = tmp_path / "ablation"
     argv = ["ablation", str(REPO / "configs" / "smollm2-dflash2.yaml"),
-            f"data.train=[{REPO / 'data' / 'regen' / 'smollm2-sharegpt'}]", "data.max_seq_len=96", "data.feature_cache_dir=null",
-            "draft.num_layers=1", "loss.num_anchors=2", "train.steps=1", "train.batch_size=2", "train.grad_accum=1",
-            "train.log_every=1", "train.checkpoint_every=null", "train.progress=false",
+            *one_step_overrides(REPO / "data" / "regen" / "smollm2-sharegpt"), "train.grad_accum=1",
             "--arms", "dflash-v1,dflash2", "--datasets", "gsm8k", "--num-prompts", "2", "--t1-num-prompts", "1",
             "--max-new-tokens", "4",
             "--concurrency", "1", "--output", str(out)]
@@ -42,6 +41,11 @@ def test_ablation_trains_and_measures_each_arm_alike(smollm2_cache, tmp_path, mo
     assert "| dflash2 |" in text and "## T=0 (2 prompts per dataset, 4 new tokens)" in text
 
     stamp = (out / "dflash2" / "final" / "model.safetensors").stat().st_mtime_ns
-    assert cli_main(argv) == 0  # resumable: nothing retrained
+    assert cli_main(argv + ["train.log_every=2"]) == 0  # resumable: nothing retrained (logging is no budget)
+    assert (out / "dflash2" / "final" / "model.safetensors").stat().st_mtime_ns == stamp
+    capsys.readouterr()
+    assert cli_main(argv + ["train.steps=2"]) == 2      # another budget: the trained arms are not passed off as it
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "trained with config key 'train.steps' = 1, and this run asks for 2" in err, err
     assert (out / "dflash2" / "final" / "model.safetensors").stat().st_mtime_ns == stamp
 

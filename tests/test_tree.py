@@ -158,7 +158,7 @@ class PartlyRightProposer(OracleProposer):
         super().__init__([], vocab_size)
         self.queue, self.random = queue, random.Random(seed)
 
-    def add_rows(self, features, mask):
+    def add_rows(self, features, mask, following=None):
         self.sequences += [self.queue.pop(0) for _ in range(mask.shape[0])]
 
     def propose(self, anchors, start_positions, block_size, temperature, seeds):

@@ -1,4 +1,5 @@
-"""Helpers shared by the training tests: synthetic sequences and small configs for tiny targets."""
+"""Helpers shared by the training tests: synthetic sequences and small configs for tiny targets, and the
+overrides of one tiny training step on real regenerated data (the commands that train arms)."""
 from __future__ import annotations
 
 import torch
@@ -21,6 +22,13 @@ def synthetic_sequences(n: int = 16, vocab: int = 128, seed: int = 0, min_len: i
         mask[prompt:] = True
         out.append((ids, mask))
     return out
+
+
+def one_step_overrides(data) -> list[str]:
+    """Config overrides: one training step of a one-layer draft on the shard directory `data`."""
+    return [f"data.train=[{data}]", "data.max_seq_len=96", "data.feature_cache_dir=null", "draft.num_layers=1",
+            "loss.num_anchors=2", "train.steps=1", "train.batch_size=2", "train.log_every=1",
+            "train.checkpoint_every=null", "train.progress=false"]
 
 
 def small_config(output_dir, **sections) -> TrainConfig:

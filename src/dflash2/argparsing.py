@@ -104,7 +104,7 @@ class ModelSettings:
     threads: int | None = None    # torch CPU threads; None = torch's choice
     speculate: str = "auto"       # auto | always | never
     tiny: bool = False            # random tiny models (tests)
-    proposer: str | None = None   # draft | lookup | hybrid; None: the pipeline's default
+    proposer: str | None = None   # draft | lookup | hybrid | mtp; None: the pipeline's default
     lattice: bool = False         # the draft's lattice's second path as a tree branch (greedy rows)
 
     @classmethod
@@ -145,13 +145,14 @@ def add_model_arguments(parser, several_proposers: bool = False) -> None:
                              "does not pay; always: the whole block every cycle")
     if several_proposers:
         parser.add_argument("--proposer", default=None,
-                            help="where proposed tokens come from: draft, lookup or hybrid, or a comma list of them, "
+                            help="where proposed tokens come from: draft, lookup, hybrid or mtp, or a comma list of them, "
                                  "each measured side by side against one autoregressive baseline (default: hybrid, "
                                  "or lookup for a target with no trained draft)")
     else:
-        parser.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid"),
+        parser.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid", "mtp"),
                             help="where proposed tokens come from (default: hybrid, the draft and lookup proposals, "
-                                 "or lookup for a target with no trained draft); lookup loads no draft")
+                                 "or lookup for a target with no trained draft); lookup loads no draft; mtp a "
+                                 "multi-token-prediction head (--draft DIR, else the target's own)")
     parser.add_argument("--lattice", action="store_true",
                         help="let greedy rows verify the second path of the draft's candidate lattice beside its "
                              "path as a token tree, where the cost model says it pays (off by default: it did "

@@ -40,6 +40,7 @@ _DELEGATED = {
     "regenerate": ("dflash2.training.regenerate", "regenerate training responses with the target"),
     "train": ("dflash2.training.trainer", "train a draft from a YAML config"),
     "ablation": ("dflash2.training.ablation", "equal-budget ablation: DFlash v1, +selector, +convs, DFlash2"),
+    "families": ("dflash2.eval.families", "DFlash2, DFlash v1 and an MTP head at equal budget: tau and speed, one table"),
     "bench": ("dflash2.eval.bench", "benchmark acceptance length, speed and losslessness"),
     "analyze": ("dflash2.eval.analyze", "analyse a draft: recall, oracle selector, suffix decay"),
     "yardstick": ("dflash2.eval.yardstick", "real acceptance length of drafts on a fixed held-out + benchmark set"),
@@ -72,10 +73,11 @@ def _generate_parser(sub) -> None:
     p.add_argument("--speculate", default="auto", choices=("auto", "always", "never"),
                    help="auto (default): verify only the draft tokens that pay for themselves and fall back to plain "
                         "decoding when drafting does not pay; always: verify the whole block every cycle; never: plain")
-    p.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid"),
+    p.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid", "mtp"),
                    help="where proposed tokens come from: draft (the draft model), lookup (what followed the latest "
                         "tokens earlier in the prompt and output; loads no draft), hybrid (both, per row per cycle the "
-                        "one expected to commit more, or both as a tree); default: hybrid (lookup for a target with no "
+                        "one expected to commit more, or both as a tree), mtp (a multi-token-prediction head: --draft "
+                        "DIR of a trained one, else the target's own); default: hybrid (lookup for a target with no "
                         "trained draft), plain decoding with --no-draft")
     p.add_argument("--compare", action="store_true", help="also run the autoregressive baseline and compare")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -95,6 +97,10 @@ def _init_draft_parser(sub) -> None:
     p.add_argument("--no-conv", action="store_true", help="no convolutions (with --no-selector: DFlash v1)")
     p.add_argument("--no-selector", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--family", default="dflash2", choices=("dflash2", "mtp"),
+                   help="dflash2 (default): a DFlash2 / DFlash block draft; mtp: a one-layer multi-token-prediction "
+                        "head (the target's own where its checkpoint ships mtp.* tensors, else an untrained one; "
+                        "of the shape options only --block-size applies)")
     p.add_argument("--force", action="store_true",
                    help="write into an existing, non-empty --out: replaces its config.json and model.safetensors, "
                         "nothing else")
@@ -276,11 +282,32 @@ def cmd_init_draft(args) -> int:
                        use_conv=not args.no_conv, use_selector=not args.no_selector,
                        selector_rank=args.selector_rank, selector_top_k=args.selector_top_k)
     target = open_target(args.target)  # config and tokenizer: the draft needs no target weights
+    if args.family == "mtp":
+        return _init_mtp_head(args, target)
     draft = new_draft(target.config, target.tokenizer, shape, seed=args.seed)
     draft.save_pretrained(args.out)
     c = draft.config
     print(f"wrote untrained {c.architecture} to {args.out}: {draft.num_parameters() / 1e6:.1f} M parameters, "
           f"{c.num_hidden_layers} layers, target layers {c.target_layer_ids}, mask token {c.mask_token_id}")
+    return 0
+
+
+def _init_mtp_head(args, target) -> int:
+    """`init-draft --family mtp`: the target's own MTP head (its `mtp.*` tensors), else an untrained one."""
+    from dflash2.model.families import target_head
+    from dflash2.model.mtp import create_mtp_head
+    from dflash2.model.mtp_checkpoint import save_mtp_head
+    from dflash2.model.shape import target_text_config
+    from dflash2.targets.chat import choose_mask_token
+
+    head = target_head(target, block_size=args.block_size)
+    if head is None:
+        vocab = target_text_config(target.config).vocab_size
+        head = create_mtp_head(target.config, args.block_size, args.seed, choose_mask_token(target.tokenizer, vocab))
+    save_mtp_head(head, args.out)
+    what = "the target's own MTP head" if head.config.origin == "target" else "an untrained MTP head"
+    print(f"wrote {what} to {args.out}: {head.num_parameters() / 1e6:.1f} M parameters, one "
+          f"{head.config.family} layer, block {head.config.block_size}, target layer {head.config.target_layer_ids}")
     return 0
 
 

@@ -16,8 +16,12 @@ Contract:
   `plan.check_prompt(ids, config)` applies the engine's context rule with the plan's block size;
   `plan.load()` loads the target's weights and returns the `Pipeline`. `Pipeline.decoder_for(p)`:
   a decoder of the same target and draft proposing from `p` (proposers measured side by side).
-- `proposer` (`decoding.proposers.kinds.PROPOSERS`): `lookup` loads no draft (prompt / n-gram lookup alone, with or
-  without `--no-draft`); `draft` and `hybrid` use the draft; None: `DEFAULT_PROPOSER` with a
+- `proposer` (`decoding.proposers.kinds.PROPOSERS`): `lookup` loads no draft (prompt / n-gram lookup
+  alone, with or without `--no-draft`); `draft` and `hybrid` use the draft; `mtp` an MTP head:
+  `draft` a head's checkpoint (`model.families.load_draft` tells the two kinds apart;
+  `kinds.check_family` refuses a DFlash draft for `mtp` and a head for `draft`), else the target's
+  own (`mtp.*` tensors; a target without one is refused); `hybrid` with a head's checkpoint runs it
+  beside lookup; None: `DEFAULT_PROPOSER` with a
   trained draft (the user's or the shipped one), `lookup` for a target no trained draft ships for
   (an untrained draft cannot pay; `proposer="draft"` still makes one), and plain decoding with
   `--no-draft` (the baseline keeps its meaning).
@@ -56,6 +60,7 @@ from dflash2.runtime.machine import require_memory
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
+from dflash2.model.families import family_of, kind, load_draft, target_head
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape, target_text_config
 from dflash2.runtime.provenance import cpu_has_native_bf16
 from dflash2.targets.builtin import (BUILTIN_TARGETS, TargetFiles, TargetShape, builtins_shaped, load_target_model,
@@ -186,12 +191,12 @@ class DecoderPlan:
             return Pipeline(decoder, tokenizer, stops, "none (lookup proposals)", False)
         draft = self.draft if self.draft is not None else new_draft(model.config, tokenizer)
         draft = draft.to(device=self.device, dtype=self.draft_dtype)
-        kind = "DFlash2" if draft.config.is_dflash2 else "DFlash v1"
         adapter = TargetAdapter(model, draft.config.target_layer_ids)
         decoder = SpeculativeDecoder(adapter, draft, speculate=self.speculate, proposer=self.proposer,
                                      lattice=self.lattice)
         return Pipeline(decoder, tokenizer, stops,
-                        f"{self.description} [{kind}, {str(self.draft_dtype).removeprefix('torch.')}]", self.trained)
+                        f"{self.description} [{kind(draft)}, {str(self.draft_dtype).removeprefix('torch.')}]",
+                        self.trained)
 
 
 def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: str = "cpu",
@@ -204,7 +209,7 @@ def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: s
     require(speculate in SPECULATE_MODES, f"--speculate must be one of {', '.join(SPECULATE_MODES)}, got '{speculate}'")
     require(not (no_draft and draft is not None), "give at most one of --draft and --no-draft")
     kinds.check_proposer(proposer, "--proposer")
-    require(not (no_draft and proposer in ("draft", "hybrid")),
+    require(not (no_draft and proposer in kinds.DRAFT_PROPOSERS),
             f"--proposer {proposer} needs a draft, and --no-draft asks for none; drop one of them")
     require(not (proposer == "lookup" and draft is not None),
             "--proposer lookup uses no draft, so --draft has no effect; drop one of them")
@@ -218,9 +223,15 @@ def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: s
     require(not device.startswith("cuda") or torch.cuda.is_available(), f"device '{device}' requested but CUDA is not available")
     draft_model, description, trained = None, "none (autoregressive)", False
     if draft is not None:  # a user's draft: checked (and loaded) before anything of the target
-        draft_model, description, trained = DFlash2DraftModel.from_pretrained(draft, draft_torch_dtype), f"{draft}", True
+        draft_model, description, trained = load_draft(draft, draft_torch_dtype), f"{draft}", True
+        kinds.check_family(proposer, family_of(draft_model), "--proposer", f"--draft '{draft}'")
     files = open_target(target, implementation)
-    if draft is None and not no_draft:
+    if draft is None and proposer == "mtp":   # the target's own MTP head (Qwen3.5, Qwen3-Next checkpoints)
+        draft_model = target_head(files, draft_torch_dtype)
+        require(draft_model is not None, f"--proposer mtp: target '{target}' ships no MTP head (no mtp.* tensors); "
+                                         "give a trained head with --draft DIR (dflash2 train configs/smollm2-mtp.yaml)")
+        description, trained = f"the MTP head of '{target}'", True
+    elif draft is None and not no_draft:
         shipped = shipped_draft_path(target) if target in BUILTIN_TARGETS else None
         if shipped is None and chosen is None:  # an untrained draft cannot pay (tau 1.0): lookup, which can
             proposer, no_draft = "lookup", True

@@ -14,8 +14,10 @@ Contract:
   directories grow.
 - `measure(pipe, settings)` -> `YardstickResult`: tau per temperature (pooled: tokens committed by
   verification / verification passes) overall and per source, the draft-pass milliseconds per
-  cycle (what a smaller LM head buys), cycles and tokens.
-- `main(argv)` measures each `--draft`, prints one line per draft and appends a row to
+  cycle (what a smaller LM head buys), cycles and tokens; `extra["position_acceptance"]`: per
+  temperature, the share of cycles whose drafts 1..k were all accepted, k = 1..B-1.
+- `main(argv)` measures each `--draft` (a DFlash draft, or an MTP head: `--proposer mtp`, the same
+  yardstick), prints one line per draft and appends a row to
   `--table` (markdown) and its `.jsonl` twin: arm name, training budget read from the run's
   `summary.json` when the draft is a run's `final/` (steps, tokens, CPU seconds), tau at T=0 and
   T=1, per-source tau, draft ms per cycle, commit and machine. Bad input: one line, exit 2.
@@ -35,9 +37,10 @@ from dflash2.argparsing import OneLineParser, add_recalibrate_argument, apply_re
 from dflash2.data.shards import load_manifest, read_records
 from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.decoding.proposers.draft import DRAFT_PHASES
+from dflash2.decoding.proposers.kinds import model_proposer
 from dflash2.errors import DFlash2Error, require
 from dflash2.files.atomic import atomic_write, require_writable
-from dflash2.model.draft import DFlash2DraftModel
+from dflash2.model.families import family_of, load_draft
 from dflash2.pipeline import load_decoder
 from dflash2.runtime.provenance import cpu_model, git_commit, machine_identity
 from dflash2.targets.chat import encode_messages
@@ -103,12 +106,13 @@ def frozen_prompts(path: Path, tokenizer, settings: YardstickSettings) -> list[P
 def measure(pipe, settings: YardstickSettings, prompts: list[Prompt]) -> YardstickResult:
     decoder = pipe.decoder
     require(decoder.speculate == "always", "the yardstick measures the draft alone: build the decoder with speculate='always'")
-    tau, by_source, draft_seconds, cycles, tokens = {}, {}, 0.0, 0, 0
+    tau, by_source, positions, draft_seconds, cycles, tokens = {}, {}, {}, 0.0, 0, 0
     clock = time.perf_counter()
     for name, sampling in TEMPERATURES.items():
         config = GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_token_ids=tuple(pipe.stop_token_ids),
                                   seed=settings.seed, **sampling)
         committed: dict[str, list[int]] = {}
+        reached: list[int] = []                     # cycles whose drafts 1..k were all accepted, per k
         for start in range(0, len(prompts), settings.batch_size):
             chunk = prompts[start:start + settings.batch_size]
             results = decoder.generate([p.tokens for p in chunk], config)
@@ -117,13 +121,16 @@ def measure(pipe, settings: YardstickSettings, prompts: list[Prompt]) -> Yardsti
                 pair[0] += sum(result.stats.committed_per_cycle)
                 pair[1] += result.stats.cycles
                 tokens += result.stats.new_tokens
+                reached = [a + b for a, b in zip(reached or [0] * len(result.stats.accepted_at_position),
+                                                 result.stats.accepted_at_position)]
             draft_seconds += sum(results[0].timing.phase_seconds.get(p, 0.0) for p in DRAFT_PHASES)
             cycles += results[0].timing.speculative_cycles
         total = [sum(v[0] for v in committed.values()), sum(v[1] for v in committed.values())]
         tau[name] = total[0] / total[1] if total[1] else 0.0
         by_source[name] = {s: v[0] / v[1] if v[1] else 0.0 for s, v in committed.items()}
+        positions[name] = [n / total[1] if total[1] else 0.0 for n in reached]
     return YardstickResult(tau, by_source, 1000 * draft_seconds / max(cycles, 1), cycles, tokens, len(prompts),
-                           time.perf_counter() - clock)
+                           time.perf_counter() - clock, {"position_acceptance": positions})
 
 
 # --------------------------------------------------------------------------- table
@@ -186,9 +193,10 @@ def parse_args(argv):
     require(not table.is_dir(), f"--table '{table}' is a directory; give a markdown file")
     require_writable(table, "--table")
     require_writable(table.with_suffix(".jsonl"), "--table")
+    args.families = []
     for draft in args.draft:  # every draft is checked (config, weights) before the first one is measured
         try:
-            DFlash2DraftModel.from_pretrained(draft)
+            args.families.append(family_of(load_draft(draft)))
         except DFlash2Error as err:
             raise DFlash2Error(f"--draft: {err}") from None
     args.data = args.data or sorted(str(p) for p in Path("data/regen").glob("smollm2-*") if (p / "manifest.json").is_file())
@@ -207,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = YardstickSettings(tuple(args.data), args.heldout, args.per_benchmark, args.max_new_tokens,
                                      args.batch_size)
         for i, draft in enumerate(args.draft):
-            pipe = load_decoder(args.target, draft, args.device, speculate="always", proposer="draft", lattice=False)
+            pipe = load_decoder(args.target, draft, args.device, speculate="always",
+                                proposer=model_proposer(args.families[i]), lattice=False)
             result = measure(pipe, settings, frozen_prompts(Path(args.prompts), pipe.tokenizer, settings))
             arm = args.arm[i] if args.arm else draft
             row = {"arm": arm, "draft": draft, "budget": training_budget(Path(draft)), **asdict(result),

@@ -21,6 +21,8 @@ Contract:
   checkpoints load as drafts without convs and selector. `from_pretrained` checks the weights
   files' headers before reading them and refuses NaN / inf tensors, each with one line naming
   the file or tensor; `read_config` refuses a missing, non-UTF-8 or non-object config.json.
+  `write_checkpoint(path, state, config)` and `read_checked_weights(path, expected, what, ...)` are
+  those two halves for any head of this checkpoint layout (the MTP head, `model.mtp_checkpoint`).
 """
 from __future__ import annotations
 
@@ -267,22 +269,8 @@ class DFlash2DraftModel(nn.Module):
 
     # ------------------------------------------------------------------ checkpoints
     def save_pretrained(self, path: str | Path) -> None:
-        """Write `config.json` and `model.safetensors`: a new directory appears whole; into an existing
-        one (the caller checked that the user allows it) only these two files are replaced, each
-        atomically, and nothing else there is touched."""
-        path = Path(path)
-        if path.is_dir():
-            self._write_checkpoint_files(path)
-            return
-        with atomic_directory(path) as tmp:
-            self._write_checkpoint_files(tmp)
-
-    def _write_checkpoint_files(self, directory: Path) -> None:
-        state = {name: t.detach().contiguous() for name, t in self.state_dict().items()}
-        with atomic_file(directory / WEIGHTS_FILE) as tmp:
-            save_safetensors(state, tmp)
-        with atomic_write(directory / CONFIG_FILE, "w") as handle:
-            handle.write(json.dumps(self.config.to_dict(), indent=2) + "\n")
+        """Write `config.json` and `model.safetensors` (`write_checkpoint`)."""
+        write_checkpoint(path, self.state_dict(), self.config.to_dict())
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32,
@@ -291,35 +279,13 @@ class DFlash2DraftModel(nn.Module):
         truncated or foreign weights file, tensors of the wrong names or shapes, and NaN / inf."""
         path = Path(path)
         config = read_config(path)
-        what = f"draft '{path}'"
-        files = sorted(path.glob("*.safetensors"))
-        require(bool(files), f"draft checkpoint '{path}' has no .safetensors weights")
-        headers = {}
-        for file in files:
-            for name, (_dtype, shape) in safetensors_header(file, what).items():
-                headers[name.removeprefix("model.")] = shape
         with torch.device("meta"):
             model = cls(config)
         expected = model.state_dict()
-        missing = [n for n in expected if n not in headers]
-        require(not missing, f"draft checkpoint '{path}' is missing tensor '{missing[0]}'" if missing else "")
-        for name, tensor in expected.items():
-            require(tuple(headers[name]) == tuple(tensor.shape),
-                    f"draft tensor '{name}' has shape {tuple(headers[name])}, config implies {tuple(tensor.shape)}")
-        unexpected = [n for n in headers if n not in expected and not n.startswith(("embed_tokens", "lm_head"))]
-        require(not unexpected, f"draft checkpoint '{path}' has unexpected tensor '{unexpected[0]}'" if unexpected else "")
-        state = {}
-        for file in files:
-            try:
-                loaded = load_file(str(file))
-            except (SafetensorError, OSError) as err:
-                raise DFlash2Error(f"{what}: weights file '{file}' cannot be read: {str(err).splitlines()[0]}") from None
-            for name, tensor in loaded.items():
-                state[name.removeprefix("model.")] = tensor
-        for name in expected:
-            require_finite(name, state[name], what)
-        model.load_state_dict({n: state[n].to(dtype) if state[n].is_floating_point() else state[n]
-                               for n in expected}, assign=True)
+        state = read_checked_weights(path, {n: t.shape for n, t in expected.items()}, f"draft '{path}'",
+                                     prefix="model.", ignored=("embed_tokens", "lm_head"))
+        model.load_state_dict({n: t.to(dtype) if t.is_floating_point() else t for n, t in state.items()},
+                              assign=True)
         return model.to(device).eval()
 
     def num_parameters(self) -> int:
@@ -359,6 +325,59 @@ def read_config(path: str | Path) -> DFlash2Config:
         return DFlash2Config.from_dict(raw)
     except DFlash2Error as err:
         raise DFlash2Error(f"draft config '{file}': {err}") from None
+
+
+def write_checkpoint(path: str | Path, state: dict[str, torch.Tensor], config: dict) -> None:
+    """Write `config.json` and `model.safetensors`: a new directory appears whole; into an existing one
+    (the caller checked that the user allows it) only these two files are replaced, each atomically,
+    and nothing else there is touched."""
+    path = Path(path)
+    if path.is_dir():
+        _write_checkpoint_files(path, state, config)
+        return
+    with atomic_directory(path) as tmp:
+        _write_checkpoint_files(tmp, state, config)
+
+
+def _write_checkpoint_files(directory: Path, state: dict[str, torch.Tensor], config: dict) -> None:
+    with atomic_file(directory / WEIGHTS_FILE) as tmp:
+        save_safetensors({name: t.detach().contiguous() for name, t in state.items()}, tmp)
+    with atomic_write(directory / CONFIG_FILE, "w") as handle:
+        handle.write(json.dumps(config, indent=2) + "\n")
+
+
+def read_checked_weights(path: str | Path, expected: dict[str, tuple[int, ...]], what: str, prefix: str = "",
+                         ignored: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """The tensors `expected` (name -> shape) of a checkpoint directory's safetensors files, names
+    stripped of `prefix`; refused in one line naming the file or tensor: no weights files, an empty,
+    truncated or foreign file, a missing tensor, one of another shape, an unexpected one (names
+    starting with `ignored` excepted), NaN / inf values."""
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors"))
+    require(bool(files), f"{what} has no .safetensors weights")
+    headers = {}
+    for file in files:
+        for name, (_dtype, shape) in safetensors_header(file, what).items():
+            headers[name.removeprefix(prefix)] = shape
+    missing = [n for n in expected if n not in headers]
+    require(not missing, f"{what} is missing tensor '{missing[0]}'" if missing else "")
+    for name, shape in expected.items():
+        require(tuple(headers[name]) == tuple(shape),
+                f"{what}: tensor '{name}' has shape {tuple(headers[name])}, config implies {tuple(shape)}")
+    unexpected = [n for n in headers if n not in expected and not n.startswith(ignored or ("\0",))]
+    require(not unexpected, f"{what} has unexpected tensor '{unexpected[0]}'" if unexpected else "")
+    state = {}
+    for file in files:
+        try:
+            loaded = load_file(str(file))
+        except (SafetensorError, OSError) as err:
+            raise DFlash2Error(f"{what}: weights file '{file}' cannot be read: {str(err).splitlines()[0]}") from None
+        for name, tensor in loaded.items():
+            if name.removeprefix(prefix) in expected:
+                state[name.removeprefix(prefix)] = tensor
+    for name in expected:
+        require_finite(name, state[name], what)
+    return state
 
 
 def init_linear_weights(model: DFlash2DraftModel, std: float = 0.02, seed: int | None = None) -> None:

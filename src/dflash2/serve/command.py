@@ -47,10 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-dtype", default=d.draft_dtype)
     p.add_argument("--speculate", default=d.speculate, choices=("auto", "always", "never"),
                    help="auto: verify only the drafts that pay and fall back to plain decoding; always; never")
-    p.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid"),
+    p.add_argument("--proposer", default=None, choices=("draft", "lookup", "hybrid", "mtp"),
                    help="where proposed tokens come from: draft, lookup (the request's own text and recent "
-                        "requests'; loads no draft), hybrid (both, per row and cycle, or both as a tree); "
-                        "default: hybrid (lookup for a target with no trained draft)")
+                        "requests'; loads no draft), hybrid (both, per row and cycle, or both as a tree), mtp (an "
+                        "MTP head: --draft DIR, else the target's own); default: hybrid (lookup for a target with "
+                        "no trained draft)")
     p.add_argument("--host", default=d.host, help="address to listen on (default loopback only)")
     p.add_argument("--port", type=int, default=d.port, help="port (0: any free port)")
     p.add_argument("--model-name", help="model id clients send (default: the target's name)")

@@ -58,7 +58,7 @@ class ServeSettings:
     dtype: str = "float32"
     draft_dtype: str = "auto"
     speculate: str = "auto"
-    proposer: str | None = None              # draft | lookup | hybrid (None: the pipeline's default)
+    proposer: str | None = None              # draft | lookup | hybrid | mtp (None: the pipeline's default)
     tiny: bool = False                       # tiny random models (tests); see pipeline.tiny_pipeline
     host: str = "127.0.0.1"
     port: int = 8000

@@ -339,13 +339,18 @@ def _load_failure(name: str, resolved: str, local: bool, err: Exception) -> str:
             f"hub id failed{offline}: {detail}")
 
 
-def is_draft_checkpoint(directory: Path) -> bool:
-    """A directory whose config.json is a DFlash draft's (it carries `dflash_config`)."""
+def draft_kind(directory: Path) -> str | None:
+    """"a DFlash draft" for a directory whose config.json carries `dflash_config`, "an MTP head" for one
+    of `model.mtp` (`architectures: ["DFlash2MtpHead"]`), else None."""
     try:
         config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
-        return False  # not readable as a draft: the target's own checks say what is wrong
-    return isinstance(config, dict) and "dflash_config" in config
+        return None  # not readable as a draft: the target's own checks say what is wrong
+    if not isinstance(config, dict):
+        return None
+    if "dflash_config" in config:
+        return "a DFlash draft"
+    return "an MTP head" if config.get("architectures") == ["DFlash2MtpHead"] else None
 
 
 IMPLEMENTATIONS = ("auto", "transformers")
@@ -376,8 +381,9 @@ def open_target(name_or_path: str, implementation: str = "auto") -> TargetFiles:
         record_added_tokens(resolved)   # a conversion made before conversions recorded them: once
     require(implementation in IMPLEMENTATIONS,
             f"implementation must be one of {', '.join(IMPLEMENTATIONS)}, got {implementation!r}")
-    require(not (local and is_draft_checkpoint(Path(resolved))),
-            f"'{name_or_path}' is a DFlash draft, not a target: give the target model (a built-in name, a local "
+    kind = draft_kind(Path(resolved)) if local else None
+    require(kind is None,
+            f"'{name_or_path}' is {kind}, not a target: give the target model (a built-in name, a local "
             "Hugging Face model directory or a hub id) as --target, and the draft as --draft")
     try:
         if _own_llama(resolved, implementation):

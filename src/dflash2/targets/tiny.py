@@ -9,7 +9,10 @@ eval mode, prepared for decoding (`kernels.use_kernels`). `tiny_config(family, .
 randomly initialised DFlash2 (or v1) draft (the draft factory, `model.factory.create_draft`) whose
 convolutions and selector are perturbed away from their identity / neutral init, so every part of
 the draft does real work. `TinyTokenizer(vocab_size)` is a character-level stand-in tokenizer for
-them (no chat template).
+them (no chat template). `save_with_mtp(target, directory, seed, per_expert)` saves a tiny target
+the way Qwen3.5 / Qwen3-Next checkpoints ship: its weights plus a random one-layer MTP head as
+`mtp.*` tensors (which transformers drops on load) and `mtp_num_hidden_layers: 1` in config.json;
+`per_expert` stores an MoE head's experts one tensor each, as Qwen3-Next checkpoints do.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, L
 
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
+from dflash2.model.mtp import create_mtp_head
 from dflash2.model.shape import DraftShape
 from dflash2.errors import require
 from dflash2.targets.kernels import use_kernels
@@ -111,3 +115,38 @@ class TinyTokenizer:
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return "".join(chr(ord("a") + (int(i) - 3) % 26) for i in ids if not (skip_special_tokens and int(i) < 3))
+
+
+def save_with_mtp(target, directory, seed: int = 0, per_expert: bool = False) -> dict[str, torch.Tensor]:
+    """Save `target` (save_pretrained) with a random MTP head's tensors added as `mtp.*`; returns them
+    as written."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    directory = Path(directory)
+    target.save_pretrained(directory)
+    head = create_mtp_head(target.config, seed=seed)
+    with torch.no_grad():   # norms away from identity, so a head that skipped one would differ
+        for name, param in head.named_parameters():
+            if param.dim() == 1:
+                param.add_(0.1 * torch.randn(param.shape, generator=torch.Generator().manual_seed(seed + len(name))))
+    written = {}
+    for name, tensor in head.state_dict().items():
+        if per_expert and name.endswith("mlp.experts.gate_up_proj"):       # [E, 2I, H] -> gate, up [I, H] each
+            for e, fused in enumerate(tensor):
+                gate, up = fused.chunk(2, dim=0)
+                written[f"mtp.layers.0.mlp.experts.{e}.gate_proj.weight"] = gate.clone()
+                written[f"mtp.layers.0.mlp.experts.{e}.up_proj.weight"] = up.clone()
+        elif per_expert and name.endswith("mlp.experts.down_proj"):        # [E, H, I]
+            for e, down in enumerate(tensor):
+                written[f"mtp.layers.0.mlp.experts.{e}.down_proj.weight"] = down.clone()
+        else:
+            written["mtp." + name] = tensor.clone()
+    weights = directory / "model.safetensors"
+    save_file({**load_file(str(weights)), **written}, str(weights), metadata={"format": "pt"})
+    config = json.loads((directory / "config.json").read_text())
+    config["num_nextn_predict_layers" if config.get("model_type") == "qwen3_next" else "mtp_num_hidden_layers"] = 1
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return written

@@ -9,7 +9,9 @@ Contract:
   the official T=1 (top-p 0.95, top-k 20) on `--datasets` x `--num-prompts` prompts (at T=1
   `--t1-num-prompts`, if given), in `OUTPUT/a/bench-t0` and `OUTPUT/a/bench-t1`.
 - Resumable: an arm whose `final/` exists is not retrained, a bench whose results.json exists is
-  not rerun (delete them to redo). Training wall time is recorded per arm when it trains.
+  not rerun (delete them to redo). An arm trained with another config (any key but those in
+  `REUSE_FREE`, which do not change what is trained: the budget keys count) is refused in one line
+  (`check_trained_arm`). Training wall time is recorded per arm when it trains.
 - Writes `OUTPUT/ablation.json`, `OUTPUT/ablation.md` (tau per dataset and mean, T=0 and T=1;
   training steps, tokens, time; last teacher-forced metrics) and `OUTPUT/ablation-curves.png`
   (teacher-forced acceptance length vs training tokens, one line per arm).
@@ -21,16 +23,18 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from dflash2.argparsing import ModelSettings, OneLineParser, parse_list
 from dflash2.data.prompts import load_conversations
 from dflash2.eval import bench
-from dflash2.errors import require
+from dflash2.errors import DFlash2Error, require
 from dflash2.files.atomic import atomic_write, check_output, fmt, markdown_table, write_json, write_text
 from dflash2.pipeline import build_pipeline
 from dflash2.runtime.provenance import git_commit, machine_info, machine_line
 from dflash2.training.config import load_config
 from dflash2.training.preflight import check_inputs
-from dflash2.training.trainer import Trainer
+from dflash2.training.trainer import Trainer, config_difference
 
 ARMS = {  # name -> (use_selector, use_conv)
     "dflash-v1": (False, False),
@@ -39,18 +43,26 @@ ARMS = {  # name -> (use_selector, use_conv)
     "dflash2": (True, True),
 }
 TEMPERATURES = {"t0": {"temperature": 0.0}, "t1": {"temperature": 1.0, "top_p": 0.95, "top_k": 20}}
+REUSE_FREE = {"train.output_dir", "train.progress", "train.log_every", "train.eval_every", "train.checkpoint_every",
+              "train.keep_checkpoints", "train.device", "data.feature_cache_dir", "data.max_eval_sequences"}
 
 
-def train_arm(config_path: str, overrides: list[str], arm: str, out: Path) -> dict:
-    """Train one arm (unless its final/ exists) -> {"seconds": ..., "summary": ...}."""
+def arm_overrides(arm: str) -> list[str]:
+    use_selector, use_conv = ARMS[arm]
+    return [f"draft.use_selector={str(use_selector).lower()}", f"draft.use_conv={str(use_conv).lower()}"]
+
+
+def train_arm(config_path: str, overrides: list[str], arm: str, out: Path, own: list[str] | None = None) -> dict:
+    """Train one arm (unless its final/ exists) -> {"seconds": ..., "summary": ...}. `own`: the arm's
+    own overrides (default: its `ARMS` switches), applied after the shared ones."""
     run_dir = out / arm
     record = run_dir / "ablation-train.json"
+    cfg = load_config(config_path, [*overrides, *(arm_overrides(arm) if own is None else own),
+                                    f"train.output_dir={run_dir}"])
     if (run_dir / "final").is_dir() and record.is_file():
+        check_trained_arm(run_dir, cfg)
         return json.loads(record.read_text())
-    use_selector, use_conv = ARMS[arm]
-    cfg = load_config(config_path, [*overrides, f"draft.use_selector={str(use_selector).lower()}",
-                                    f"draft.use_conv={str(use_conv).lower()}", f"train.output_dir={run_dir}"])
-    print(f"# ablation: training {arm}", file=sys.stderr)
+    print(f"# training {arm}", file=sys.stderr)
     trainer = Trainer(cfg)
     clock = time.perf_counter()
     try:
@@ -61,6 +73,16 @@ def train_arm(config_path: str, overrides: list[str], arm: str, out: Path) -> di
     with atomic_write(record, "w") as handle:
         json.dump(result, handle, indent=2)
     return result
+
+
+def check_trained_arm(run_dir: Path, cfg) -> None:
+    """One line unless the finished arm in `run_dir` was trained with `cfg` (keys in `REUSE_FREE` aside)."""
+    trained = yaml.safe_load((run_dir / "train_config.yaml").read_text())
+    difference = config_difference(trained, cfg.to_dict(), REUSE_FREE)
+    if difference is not None:
+        key, asked, was = difference
+        raise DFlash2Error(f"{run_dir} was trained with config key '{key}' = {was!r}, and this run asks for {asked!r}: "
+                           "give the same config and overrides to reuse it, or delete it to train again")
 
 
 def bench_arm(arm_dir: Path, temperature: str, args) -> dict:
@@ -145,23 +167,35 @@ def report(out: Path, arms: list[str], trained: dict, benches: dict, datasets: l
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = OneLineParser(prog="dflash2 ablation", description="Equal-budget ablation: DFlash v1, +selector, "
-                                "+convs, DFlash2 trained alike and measured by real speculative decoding.")
+def arms_parser(prog: str, description: str, arms, output: str) -> OneLineParser:
+    """The options of every equal-budget comparison of arms: a base config, overrides for every
+    arm, which arms, where to write, the target and the benchmark sets."""
+    p = OneLineParser(prog=prog, description=description)
     p.add_argument("config", help="base YAML training config (e.g. configs/smollm2-dflash2.yaml)")
     p.add_argument("overrides", nargs="*", help="dotted overrides applied to every arm, e.g. train.steps=150")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {', '.join(ARMS)}")
-    p.add_argument("--output", default="runs/ablation")
+    p.add_argument("--arms", default=",".join(arms), help=f"comma list of {', '.join(arms)}")
+    p.add_argument("--output", default=output)
     p.add_argument("--target", default="smollm2")
     p.add_argument("--datasets", default="gsm8k,math500,humaneval,mbpp,mt-bench")
+    return p
+
+
+def chosen_arms(text: str, known) -> list[str]:
+    arms = parse_list(text, "--arms")
+    unknown = [a for a in arms if a not in known]
+    require(not unknown, f"--arms: unknown arm '{unknown[0] if unknown else ''}' (choose from {', '.join(known)})")
+    return arms
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = arms_parser("dflash2 ablation", "Equal-budget ablation: DFlash v1, +selector, +convs, DFlash2 trained "
+                    "alike and measured by real speculative decoding.", ARMS, "runs/ablation")
     p.add_argument("--num-prompts", type=int, default=24)
     p.add_argument("--t1-num-prompts", type=int, default=None, help="prompts per dataset at T=1 (default: --num-prompts)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=8)
     args = p.parse_intermixed_args(argv)  # overrides and options in any order
-    arms = parse_list(args.arms, "--arms")
-    unknown = [a for a in arms if a not in ARMS]
-    require(not unknown, f"--arms: unknown arm '{unknown[0] if unknown else ''}' (choose from {', '.join(ARMS)})")
+    arms = chosen_arms(args.arms, ARMS)
     for flag, value in (("--concurrency", args.concurrency), ("--num-prompts", args.num_prompts),
                         ("--t1-num-prompts", args.t1_num_prompts), ("--max-new-tokens", args.max_new_tokens)):
         # the benches use these only after every arm has trained: check them before the first

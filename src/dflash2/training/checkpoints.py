@@ -16,7 +16,8 @@ Contract:
   trainer_state dict). Both raise a one-line DFlash2Error for a missing, incomplete or damaged one.
 - `restore_state(module, optimizer, draft_state, optim_state, parallel)` puts them back.
 - `export_draft(draft_state, config, path, dtype)` writes a loadable draft (`from_pretrained`)
-  through `DFlash2DraftModel.save_pretrained`, cast to `dtype` (bf16 halves the shipped size).
+  through `DFlash2DraftModel.save_pretrained`, cast to `dtype` (bf16 halves the shipped size); an
+  MTP head's config (`model.mtp.MtpConfig`) through `model.mtp_checkpoint.save_mtp_head`.
 - `rng_state()` / `set_rng_state(state)` capture torch (CPU, CUDA), Python and NumPy generators.
 """
 from __future__ import annotations
@@ -32,6 +33,8 @@ from safetensors.torch import load_file
 
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel
+from dflash2.model.mtp import MtpConfig, MtpHead
+from dflash2.model.mtp_checkpoint import PREFIX as MTP_PREFIX, save_mtp_head
 from dflash2.errors import DFlash2Error, require
 from dflash2.files.atomic import atomic_directory, atomic_write
 from dflash2.files.weights import safetensors_header, save_torch
@@ -78,8 +81,14 @@ def restore_state(module, optimizer, draft_state: dict, optim_state: dict, paral
     optimizer.load_state_dict(optim_state)
 
 
-def export_draft(draft_state: dict, config: DFlash2Config, path: str | Path, dtype: torch.dtype) -> int:
-    """Write a `from_pretrained`-loadable draft; returns the size of its weights file in bytes."""
+def export_draft(draft_state: dict, config: DFlash2Config | MtpConfig, path: str | Path, dtype: torch.dtype) -> int:
+    """Write a `from_pretrained`-loadable draft (an MTP head: `load_mtp_head`-loadable); returns the
+    size of its weights file in bytes."""
+    if isinstance(config, MtpConfig):
+        head = MtpHead(config)
+        head.load_state_dict(draft_state)
+        save_mtp_head(head.to(dtype), path)
+        return (Path(path) / "model.safetensors").stat().st_size
     with torch.device("meta"):
         model = DFlash2DraftModel(config)
     model.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in draft_state.items()},
@@ -151,7 +160,8 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
 def load_latest(run_dir: str | Path) -> tuple[Path, dict, dict]:
     path = latest_checkpoint(run_dir)
     try:
-        draft_state = load_file(str(path / "draft" / "model.safetensors"))
+        draft_state = {name.removeprefix(MTP_PREFIX): t   # an MTP head's files name its tensors mtp.*
+                       for name, t in load_file(str(path / "draft" / "model.safetensors")).items()}
         trainer_state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
     except Exception as err:  # a damaged pickle or tensor file raises many kinds of errors
         raise DFlash2Error(f"--resume: checkpoint '{path}' is damaged ({type(err).__name__}: "

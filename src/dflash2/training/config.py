@@ -5,7 +5,10 @@ Contract:
   `target`, `data`, `draft`, `loss`, `optim`, `train` (`cfg.train.batch_size`). The `draft`
   section is a `model.shape.DraftShape` (whose defaults are the published draft shape) plus how the
   draft starts (mask token, final-norm init, warm start, `init_from`); `configs/*.yaml` are
-  complete files. Only `data.train` is needed to train on real data.
+  complete files. Only `data.train` is needed to train on real data. `draft.family: mtp` trains an
+  MTP head instead (`training.mtp_step`): of the shape keys only `block_size` applies (the head is
+  one target-shaped layer); `warm_start_from_target` starts it from the target's own head where
+  the target ships one, and `init_from` from an MTP head checkpoint.
 - A section checks itself when constructed (from a mapping or by `dataclasses.replace`): a wrong
   type or an out-of-range value raises a one-line `DFlash2Error` naming the dotted key (e.g.
   "train.batch_size"); lists are stored as tuples. `TrainConfig` adds the checks that involve two
@@ -139,7 +142,9 @@ class DraftSection(_Section, DraftShape):
         "selector_rank": _AT_LEAST_1, "selector_top_k": _AT_LEAST_1, "conv_group_size": _AT_LEAST_1,
         "mask_token_id": Rule(lambda v: v >= 0, "a token id >= 0"), "final_norm_init": _POSITIVE,
         "draft_vocab_size": Rule(lambda v: v >= 2, "an integer >= 2 (or null: the target's vocabulary)"),
+        "family": _one_of("dflash2", "mtp"),
     }
+    family: str = "dflash2"                     # dflash2: a DFlash / DFlash2 block draft; mtp: an MTP head
     mask_token_id: int | None = None            # None: targets.chat.choose_mask_token
     final_norm_init: float = 0.1                # fresh drafts start near-uniform (model/factory.py)
     warm_start_from_target: bool = False
@@ -241,6 +246,10 @@ class TrainConfig:
                 f"config key 'train.grad_accum'={t.grad_accum} must divide train.batch_size={t.batch_size}")
         require(self.data.max_seq_len > d.block_size,
                 f"config key 'data.max_seq_len'={self.data.max_seq_len} must exceed draft.block_size={d.block_size}")
+        if d.family == "mtp":   # the head reads the target's last layer, with the target's vocabulary
+            require(d.draft_vocab_size is None and d.target_layer_ids is None,
+                    "config keys 'draft.draft_vocab_size' and 'draft.target_layer_ids' must be null for "
+                    "draft.family=mtp (an MTP head reads the target's last layer and scores its whole vocabulary)")
         if d.target_layer_ids is not None:
             require(len(d.target_layer_ids) > 0, "config key 'draft.target_layer_ids' must not be empty")
             require(len(set(d.target_layer_ids)) == len(d.target_layer_ids),

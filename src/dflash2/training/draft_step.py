@@ -17,6 +17,7 @@ Contract:
   predictions): q/k/v/o projections, gate/up/down projections and, for Llama / Qwen-style
   targets, the RMSNorm weights including the final norm (Gemma's norms store weight - 1 and are
   skipped). A tensor is copied only where its shape matches. Returns the names copied.
+- `training_module(cfg, draft, target_model)`: the training module of the configured family.
 - `DraftTrainStep(draft, ...)` is an nn.Module whose forward(features, batch, normaliser) runs
   context K/V, all blocks and the loss in ONE call, so DistributedDataParallel / fully_shard see a
   single forward per micro-batch. Returns (loss, stats) as `losses.block_losses`.
@@ -39,6 +40,7 @@ from dflash2.decoding.verifier.adapter import decoder_layers
 from dflash2.training.batches import Batch
 from dflash2.training.config import TrainConfig
 from dflash2.training.losses import LossOptions, Teacher, block_losses
+from dflash2.training.mtp_step import MtpTrainStep, build_mtp_head, resolved_target_dir
 from dflash2.training.weighting import position_weights
 
 
@@ -105,7 +107,10 @@ def warm_start_from_target(draft: DFlash2DraftModel, target_model) -> list[str]:
 
 def build_draft(cfg: TrainConfig, target_model, tokenizer=None, sequences=None) -> tuple[DFlash2DraftModel, dict]:
     """A fresh (or `init_from`) draft bound to the target; a fresh reduced-vocabulary draft takes
-    the `draft.draft_vocab_size` most frequent response tokens of `sequences` (and the stop tokens)."""
+    the `draft.draft_vocab_size` most frequent response tokens of `sequences` (and the stop tokens).
+    `draft.family: mtp`: an MTP head (`mtp_step.build_mtp_head`)."""
+    if cfg.draft.family == "mtp":
+        return build_mtp_head(cfg, target_model, tokenizer, resolved_target_dir(cfg.target.name))
     report: dict = {}
     choose_vocabulary = cfg.draft.draft_vocab_size is not None
     if cfg.draft.init_from:
@@ -170,6 +175,19 @@ class DraftTrainStep(nn.Module):
                             selector_grad_to_backbone=self.selector_grad_to_backbone,
                             chunk=self.logits_chunk, teacher=teacher, distill_weight=self.distill_weight,
                             options=self.options)
+
+
+def training_module(cfg: TrainConfig, draft, target_model) -> nn.Module:
+    """The one-forward training module of `draft`: `DraftTrainStep`, or `MtpTrainStep` for an MTP head."""
+    loss = cfg.loss
+    options = LossOptions.from_section(loss)
+    if cfg.draft.family == "mtp":
+        from dflash2.model.mtp import target_final_norm
+
+        return MtpTrainStep(draft, target_final_norm(target_model), cfg.resolved_gamma(), loss.logits_chunk,
+                            loss.distill_weight, options)
+    return DraftTrainStep(draft, cfg.resolved_gamma(), loss.selector_weight, loss.selector_grad_to_backbone,
+                          loss.logits_chunk, loss.distill_weight, options)
 
 
 def clip_groups(module: nn.Module, separate_selector: bool) -> dict[str, list[nn.Parameter]]:

@@ -16,7 +16,7 @@ Contract:
 - `check_inputs(cfg)`: every `data.train` / `data.eval` entry is a shard directory whose manifest
   reads, listed once, and made by the configured target (`check_data_target`: a manifest's
   recorded target against the target's config and tokenizer, its vocabulary's hash included), and `draft.init_from` is a
-  loadable draft (config, weights, finite values): one-line errors naming the config key,
+  loadable draft of `draft.family` (config, weights, finite values): one-line errors naming the config key,
   before the target loads.
 - `check_data_weights(target, model, dirs)`: after the target loaded, the manifests' weights
   fingerprints against the loaded weights (where recorded in the same dtype).
@@ -28,7 +28,7 @@ from pathlib import Path
 from dflash2.data.shards import load_manifest
 from dflash2.errors import DFlash2Error, require
 from dflash2.files.atomic import refuse_existing_output, remove_own, remove_stale_temporaries
-from dflash2.model.draft import DFlash2DraftModel
+from dflash2.model.families import family_of, load_draft
 from dflash2.model.shape import target_text_config
 from dflash2.training import checkpoints as ckpt
 from dflash2.training.config import TrainConfig
@@ -126,6 +126,9 @@ def check_inputs(cfg: TrainConfig) -> None:
         check_data_target(cfg.target.name, made_by)
     if cfg.draft.init_from:
         try:
-            DFlash2DraftModel.from_pretrained(cfg.draft.init_from)
+            loaded = load_draft(cfg.draft.init_from)
         except DFlash2Error as err:
             raise DFlash2Error(f"config key 'draft.init_from': {err}") from None
+        require(family_of(loaded) == cfg.draft.family,
+                f"config key 'draft.init_from': '{cfg.draft.init_from}' is a {family_of(loaded)} checkpoint, "
+                f"and draft.family is '{cfg.draft.family}'")

@@ -59,6 +59,7 @@ from dflash2.decoding.loop.context import check_context
 from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.proposers.kinds import block_size, decoder_default
 from dflash2.decoding.verifier.adapter import context_limit
+from dflash2.model.families import load_draft
 from dflash2.model.shape import target_text_config
 from dflash2.errors import DFlash2Error, require
 from dflash2.data.shards import InOrder, Record, ShardWriter
@@ -226,10 +227,8 @@ def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_
     require(len(set(ids)) == len(ids), "prompt ids must be unique")
     if draft_label is None and draft is not None:
         draft_label = str(draft) if isinstance(draft, (str, Path)) else type(draft).__name__
-    if isinstance(draft, (str, Path)):
-        from dflash2.model.draft import DFlash2DraftModel
-
-        draft = DFlash2DraftModel.from_pretrained(str(draft)).to(next(model.parameters()).device).eval()
+    if isinstance(draft, (str, Path)):   # a DFlash draft or an MTP head (`model.families`)
+        draft = load_draft(str(draft)).to(next(model.parameters()).device).eval()
     run = {**(run or {}), "batch_size": batch_size, "shard_size": shard_size, "draft": draft_label}
     adapter = TargetAdapter(model, None if draft is None else draft.config.target_layer_ids)
     try:
@@ -300,7 +299,6 @@ def regenerate(target: str, out_dir: str | Path, num_prompts: int | None = None,
     Every setting, the file, the output directory and the draft are checked before the target loads."""
     from dflash2.data.chat_files import load_chat_file
     from dflash2.data.shards import check_output_dir
-    from dflash2.model.draft import DFlash2DraftModel
     from dflash2.pipeline import check_draft_fits
     from dflash2.targets.builtin import load_target_model, open_target
     from dflash2.training import prompt_sets
@@ -320,7 +318,7 @@ def regenerate(target: str, out_dir: str | Path, num_prompts: int | None = None,
     remote_end = Endpoint(endpoint, api_key, request_timeout_s) if endpoint else None
     draft_label = None if draft is None else str(draft)
     if isinstance(draft, (str, Path)):
-        draft = DFlash2DraftModel.from_pretrained(draft)
+        draft = load_draft(draft)
     files = open_target(target)
     if draft is not None:
         check_draft_fits(draft.config, files, draft_label)

@@ -23,7 +23,8 @@ Contract:
   checkpointed and exported as at the end. `resume=True` restores the latest checkpoint (weights,
   optimizer, scheduler, step, token count, RNG) and continues on exactly the trajectory of an
   uninterrupted run. A resumed run's config must match the checkpoint's, except for the keys in
-  `RESUMABLE_CHANGES`. Returns a summary dict.
+  `RESUMABLE_CHANGES` (`config_difference(saved, current, free)`: the first key that differs). Returns
+  a summary dict.
 - `main(argv)` is the CLI entry (`dflash2.cli` dispatches `train` here). Before the target loads
   it checks the inputs and the run directory (`preflight`: an existing run is continued only
   with `--resume` and started again only with `--overwrite`, which removes only the run's own
@@ -38,6 +39,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -54,9 +56,9 @@ from dflash2.training.config import TrainConfig, load_config
 from dflash2.training.dataset import SequenceOrder, load_sequences, to_pair
 from dflash2.training.distributed import Dist
 from dflash2.training.features import FeatureSource, TargetSignals, cache_tag
-from dflash2.training.losses import LossOptions, LossStats, Teacher
+from dflash2.training.losses import LossStats, Teacher
 from dflash2.training.metrics_log import MetricsLog, plot_curves
-from dflash2.training.draft_step import DraftTrainStep, build_draft, clip_groups
+from dflash2.training.draft_step import build_draft, clip_groups, training_module
 from dflash2.training.preflight import RUN_FILES, check_data_weights, check_inputs, prepare_run_dir
 from dflash2.training.weighting import step_share
 
@@ -67,7 +69,8 @@ RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.log_every", "train.
 # Keys added after checkpoints were already written: what a checkpoint without the key was trained with.
 LEGACY_VALUES = {"optim.clip_selector_separately": False, "data.exclude_holdout": False,
                  "loss.distill_weight": 0.0, "loss.distill_top_k": 32, "loss.position_weighting": "decay",
-                 "loss.dpace_alpha": 0.5, "loss.selector_weighting": "decay", "loss.selector_gold": False}
+                 "loss.dpace_alpha": 0.5, "loss.selector_weighting": "decay", "loss.selector_gold": False,
+                 "draft.family": "dflash2"}
 
 
 def lr_factor(step: int, total: int, warmup_fraction: float, min_ratio: float) -> float:
@@ -126,14 +129,11 @@ class Trainer:
         self.order = SequenceOrder(train_sequences, t.batch_size, t.seed)
         self.total_steps = t.steps or max(1, int(t.epochs * self.order.steps_per_epoch))
 
-        loss = cfg.loss
-        self.module = DraftTrainStep(self.draft, cfg.resolved_gamma(), loss.selector_weight,
-                                     loss.selector_grad_to_backbone, loss.logits_chunk,
-                                     loss.distill_weight, LossOptions.from_section(loss)).to(device)
+        self.module = training_module(cfg, self.draft, target_model).to(device)
         self.wrapped = self.dist.wrap(self.module, t.parallel)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.clip_groups = clip_groups(self.module, separate_selector=cfg.optim.clip_selector_separately
-                                       and not loss.selector_grad_to_backbone)
+                                       and not cfg.loss.selector_grad_to_backbone)
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=o.betas, eps=o.eps,
                                            weight_decay=o.weight_decay)
@@ -354,14 +354,24 @@ def _progress(total: int, initial: int, show: bool):
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
 
-def _check_same_config(saved: dict, current: dict) -> None:
+def config_difference(saved: dict, current: dict, free: set[str] = RESUMABLE_CHANGES) -> tuple[str, Any, Any] | None:
+    """The first config key outside `free` whose value differs (both in `TrainConfig.to_dict()` form):
+    (dotted key, current value, saved value), or None."""
     for section, keys in current.items():
         for key, value in keys.items():
             dotted = f"{section}.{key}"
             trained_with = saved.get(section, {}).get(key, LEGACY_VALUES.get(dotted))
-            if dotted not in RESUMABLE_CHANGES and trained_with != value:
-                raise DFlash2Error(f"--resume: config key '{dotted}' is {value!r} but the checkpoint was trained "
-                                   f"with {trained_with!r}")
+            if dotted not in free and trained_with != value:
+                return dotted, value, trained_with
+    return None
+
+
+def _check_same_config(saved: dict, current: dict) -> None:
+    difference = config_difference(saved, current)
+    if difference is not None:
+        dotted, value, trained_with = difference
+        raise DFlash2Error(f"--resume: config key '{dotted}' is {value!r} but the checkpoint was trained "
+                           f"with {trained_with!r}")
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,10 @@ Contract:
   recurrent targets, and sampled rows, verify one path). With `lattice` (off by default) a draft with
   a selector also offers its candidate lattice's second path (`CandidateSelector.second_path`), which
   a greedy row may verify beside the draft's path as a tree (`draft` and `hybrid`, same targets),
-  priced by the policy like a lookup branch with a calibration of its own. `None`:
-  `draft` with a draft, else no proposer: with neither (or `speculate="never"`) the same loop
+  priced by the policy like a lookup branch with a calibration of its own. `mtp`: `draft` is an
+  `MtpHead`, in the draft's place (`proposers.mtp`; `hybrid` puts it beside lookup; `kinds.drafter_for`
+  makes the draft side of either). `None`: the draft's own (`draft`, `mtp` for a head), else no
+  proposer: with neither (or `speculate="never"`) the same loop
   decodes autoregressively, one target step per token: the honest baseline. `drafter` (a
   `proposers.draft.Drafter`: a block size and a maker of the draft side) replaces the draft's own
   proposer, e.g. an oracle that knows the answer. `speculate` is a
@@ -38,7 +40,8 @@ Contract:
   config)` yields the `Event`s of a batch as decoding goes.
 - Greedy output equals the target's greedy output token for token; sampled output follows the
   target's processed distribution exactly (see `acceptance.py`; a lookup token is a point-mass
-  draft), in every mode, for every proposer and for any number of verified drafts. A row's random numbers depend only on its seed (`dflash2.runtime.rng`).
+  draft), in every mode, for every proposer and for any number of verified drafts. A row's random
+  numbers depend only on its seed (`dflash2.runtime.rng`).
 """
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ import torch
 from dflash2.decoding.loop.acceptance import greedy_accept, sample_accept, target_probs
 from dflash2.decoding.loop.block import VerifyBlock, assemble
 from dflash2.decoding.loop.context import check_context
+from dflash2.decoding.loop.following import cycle_following, prompt_following
 from dflash2.decoding.proposers.lookup import Lookup, LookupProposer, SuffixStore
 from dflash2.decoding.policy.cycle import CycleRecord, Offer
 from dflash2.decoding.policy import SpeculationPolicy
@@ -64,8 +68,9 @@ from dflash2.decoding.proposers.tree import kept_nodes, path_nodes, tree_greedy_
 from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.errors import SettingError, require
 from dflash2.model.draft import DFlash2DraftModel
+from dflash2.model.families import family_of
+from dflash2.model.mtp import MtpHead
 from dflash2.runtime.rng import ACCEPT, TOKEN, row_seed, sample_from, uniforms
-
 
 
 @dataclass
@@ -126,14 +131,16 @@ class _Row:
 
 
 class SpeculativeDecoder:
-    def __init__(self, target: TargetAdapter, draft: DFlash2DraftModel | None = None, speculate: str = "auto",
+    def __init__(self, target: TargetAdapter, draft: DFlash2DraftModel | MtpHead | None = None, speculate: str = "auto",
                  proposer: str | None = None, suffix_store: SuffixStore | None = None, lattice: bool = False,
                  drafter: Drafter | None = None):
         kinds.check_proposer(proposer)
+        family = None if draft is None else family_of(draft)
         if proposer is None:
-            proposer = kinds.decoder_default(draft is not None or drafter is not None)
+            proposer = kinds.decoder_default(draft is not None or drafter is not None, family or "dflash2")
         require(proposer not in kinds.DRAFT_PROPOSERS or draft is not None or drafter is not None,
                 f"proposer '{proposer}' needs a draft (proposer 'lookup' needs none)")
+        kinds.check_family(proposer, family)
         self.target = target
         self.draft = draft if proposer in kinds.DRAFT_PROPOSERS else None
         self.proposer = proposer
@@ -144,7 +151,7 @@ class SpeculativeDecoder:
             require(target.target_layer_ids == draft.config.target_layer_ids,
                     "target adapter taps different layers than the draft's target_layer_ids")
             draft.bind_target(target.embed_weight(), target.lm_head_weight())
-            drafter = drafter or Drafter.of(draft, lattice=lattice and not target.hybrid)
+            drafter = drafter or kinds.drafter_for(draft, target, lattice)
         self.drafter = drafter if proposer in kinds.DRAFT_PROPOSERS else None
         self.policy = SpeculationPolicy(speculate if proposer is not None else "never",
                                         sources=2 if proposer == "hybrid" else 1)
@@ -288,7 +295,8 @@ class DecodeSession:
             positions = self.target.next_position[-len(pending):]                       # [n] first new position
             first = self._pick(logits[:, -1], sampling, positions)                       # [n]
             if self.proposer is not None:
-                self.proposer.add_rows(features, mask)
+                self.proposer.add_rows(features, mask,
+                                       following=prompt_following([p for _, p, _ in pending], first, mask.shape[1]))
             if self.lookup is not None:
                 self.lookup.add_rows([prompt + [token] for (_, prompt, _), token in zip(pending, first.tolist())])
             self.timing.prefill_seconds += time.perf_counter() - clock
@@ -322,9 +330,10 @@ class DecodeSession:
         with self.watch("accept"):
             accepted, bonus, branch, per_branch = self._accept(block, logits, start)
         with self.watch("realign"):                                # roll back rejected slots, re-align rows
-            features = self._keep(block, accepted, branch, features)
+            features, path = self._keep(block, accepted, branch, features)
             if self.proposer is not None:
-                self.proposer.append(features, accepted + 1, start, defer=proposal is None)
+                self.proposer.append(features, accepted + 1, start, defer=proposal is None,
+                                     following=cycle_following(path, accepted, bonus))
         with self.watch("host"):                                   # one host copy per tensor, not per row
             accepted_list, bonus_list = accepted.tolist(), bonus.tolist()
             branch_list = [0] * b if branch is None else branch.tolist()
@@ -362,17 +371,18 @@ class DecodeSession:
                         None if second is None else second.fork.tolist())
 
     def _keep(self, block: VerifyBlock, accepted: torch.Tensor, branch: torch.Tensor | None,
-              features: torch.Tensor | None) -> torch.Tensor | None:
+              features: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Keep each row's anchor and accepted tokens in the target's cache (a tree: its winning path,
-        the rest holed out) and return their features in order."""
+        the rest holed out) and return their features in order and the verified path's ids [b, L + 1]."""
         if block.tree is None:
             self.target.keep(accepted + 1, block.width)
-            return features
+            return features, block.ids
         self.target.keep_nodes(kept_nodes(block.tree, branch, accepted))
-        if features is None:
-            return None
         nodes = path_nodes(block.tree, branch)                                                  # [b, L + 1]
-        return features.gather(1, nodes[:, :, None].expand(-1, -1, features.shape[-1]))
+        path = block.ids.gather(1, nodes)
+        if features is None:
+            return None, path
+        return features.gather(1, nodes[:, :, None].expand(-1, -1, features.shape[-1])), path
 
     def _shared(self, proposal: Proposal, lookups: list[Lookup] | None) -> list[int | None] | None:
         """Per row, the tokens the draft's and lookup's proposals share at their start, where both

@@ -8,7 +8,9 @@ Contract:
   `append(features, counts, first_position, defer)` adds the features of the tokens committed in
   a cycle (the first counts[r] of the q verified positions; rows that keep fewer leave masked
   holes); `defer` queues them until the draft next runs (plain steps in fallback then cost one
-  projection per probe, not one per token); `select_rows(rows)` drops sequences.
+  projection per probe, not one per token); `select_rows(rows)` drops sequences. Both also take
+  `following` (`loop.following`: the committed token after each position), which every proposer
+  is given and the draft, reading features alone, ignores (an MTP head reads it: `proposers.mtp`).
 - `propose(anchors, start_positions, block_size, temperature, seeds)` runs one block
   `[anchor, MASK x (block_size-1)]` at positions start..start+block_size-1 and returns a `Proposal`:
   draft tokens [b, T], the dense distribution q [b, T, V] each was drawn from (None when every row
@@ -71,8 +73,9 @@ class DraftProposer:
         self.valid: torch.Tensor | None = None       # [b, S] bool
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []   # deferred uniform appends
 
-    def add_rows(self, features: torch.Tensor, mask: torch.Tensor) -> None:
-        """features [n, L, F] from a prefill, mask [n, L] (1 = real token)."""
+    def add_rows(self, features: torch.Tensor, mask: torch.Tensor, following: torch.Tensor | None = None) -> None:
+        """features [n, L, F] from a prefill, mask [n, L] (1 = real token); `following` (the committed
+        tokens, which an MTP head reads) is not needed: the draft reads features alone."""
         self._flush()
         valid = mask.bool()
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -92,7 +95,7 @@ class DraftProposer:
         self.valid = torch.cat([slots(self.valid), slots(valid)])
 
     def append(self, features: torch.Tensor, counts: torch.Tensor, first_position: torch.Tensor,
-               defer: bool = False) -> None:
+               defer: bool = False, following: torch.Tensor | None = None) -> None:
         """features [b, q, F] at positions first_position[r] + 0..q-1; keep the first counts[r].
         Rows that keep fewer slots leave masked-out holes (compacted by one gather when they take
         too much room). `defer` (plain steps, one token a row) only queues the features: they are
