@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.pipeline import load_decoder
 from dflash2.targets.chat import encode_prompt
 
@@ -35,14 +35,14 @@ def traced(decoder) -> list[dict]:
         observe(record)
         evidence = getattr(policy, "evidence", None)
         cycles.append({
-            "drafted": record.drafted, "probe": record.probe, "width": record.width,
+            "drafted": record.drafted, "probe": record.plan.probe, "width": record.width,
             "sources": list(record.choice.sources), "verified": list(record.verified),
             "accepted": list(record.accepted), "k": record.choice.k,
             "expected": record.choice.expected,
             "draft_ms": 1000 * record.draft_seconds, "verify_ms": 1000 * record.verify_seconds,
             "host_ms": 1000 * record.host_seconds,
             "evidence_mean": None if evidence is None else round(evidence.mean(), 3),   # the draft's gain, plain steps
-            "plain_left": getattr(policy, "plain_left", None),                           # fallback steps to come
+            "plain_left": policy.fallback.left,                                           # fallback steps to come
         })
     policy.observe = hook
     return cycles
@@ -64,15 +64,15 @@ def main() -> None:
     pipe = load_decoder("smollm2", dtype=args.dtype, speculate=args.speculate, proposer=args.proposer)
     ids = encode_prompt(pipe.tokenizer, args.prompt)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop_token_ids=tuple(pipe.stop_token_ids))
-    plain = SpeculativeDecoder(pipe.decoder.target)
+    plain = pipe.decoder.variant(speculate="never")
     for decoder in (plain, pipe.decoder):   # untimed warm-up, as --compare does
         decoder.generate([ids], GenerationConfig(max_new_tokens=8))
     report = []
     for run in range(args.runs):
-        pipe.decoder.policy = pipe.decoder.policy.fresh()
-        cycles = traced(pipe.decoder)
+        decoder = pipe.decoder.variant()     # same costs, nothing learned of the draft
+        cycles = traced(decoder)
         clock, cpu = time.perf_counter(), time.process_time()
-        [result] = pipe.decoder.generate([ids], config)
+        [result] = decoder.generate([ids], config)
         spec_s, spec_cpu = time.perf_counter() - clock - result.timing.prefill_seconds, time.process_time() - cpu
         clock, cpu = time.perf_counter(), time.process_time()
         [base] = plain.generate([ids], config)

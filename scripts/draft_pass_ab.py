@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from dflash2.decoding.proposer import DraftProposer
-from dflash2.decoding.timing import Stopwatch
+from dflash2.decoding.proposers.draft import DraftProposer
+from dflash2.decoding.loop.timing import Stopwatch
 from dflash2.pipeline import load_decoder, shipped_draft_path
 from dflash2.targets.chat import encode_prompt
 from dflash2.training.revocab import response_sequences, revocabulary

@@ -9,7 +9,7 @@ import torch
 from dflash2.model.conv import GroupedDynamicConv
 from dflash2.model.draft import apply_rope, rope_cos_sin
 from dflash2.model.selector import CandidateSelector
-from dflash2.rng import sample_from
+from dflash2.runtime.rng import sample_from
 from dflash2.targets.tiny import tiny_draft, tiny_target
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash2.decoding.stats import BatchTiming, RowStats
+from dflash2.decoding.loop.stats import BatchTiming, RowStats
 from dflash2.eval.bench_report import render_markdown
 from dflash2.eval.bench_runs import PairRuns, Side, entry, non_looping_speedup
 from dflash2.eval.repetition import LOOP_THRESHOLD, RepetitionSummary, loops, repeated_ngram_share

@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from dflash2.decoding.stats import BatchTiming, RowStats
+from dflash2.decoding.loop.stats import BatchTiming, RowStats
 from dflash2.eval.repetition import LOOP_THRESHOLD, NGRAM, RepetitionSummary, loops
 
 DEFINITIONS = {

@@ -16,7 +16,7 @@ Contract:
   passes `fold_queries` folds and transformers' `sdpa_attention_forward` for every other call
   (dropout in training, logit soft-capping, attention sinks, position biases, encoders). Other
   implementations (eager, flash, flex) are left as they are. Returns whether it switched.
-  The engine's `decoding.verifier.TargetAdapter` does this to every target it is given.
+  `kernels.use_kernels` does this to every target as it loads.
 - `stock_attention(model)`: a context in which such a model runs transformers' own `sdpa` again
   (the Hugging Face peers of `bench` are measured as Hugging Face ships them).
 The built-in Llama (`targets.llama`) folds through the first two functions itself.
