@@ -77,10 +77,11 @@ def main() -> None:
         clock, cpu = time.perf_counter(), time.process_time()
         [base] = plain.generate([ids], config)
         plain_s, plain_cpu = time.perf_counter() - clock - base.timing.prefill_seconds, time.process_time() - cpu
-        assert base.tokens == result.tokens, "speculative output differs from plain decoding"
+        # bfloat16 passes of other shapes may legitimately flip a near-tie (docs/spec.md §3); float32 may not
+        assert args.dtype != "float32" or base.tokens == result.tokens, "speculative output differs from plain decoding"
         drafted = [c for c in cycles if c["drafted"]]
         summary = {
-            "run": run, "new_tokens": result.stats.new_tokens, "speedup": (plain_s / base.stats.new_tokens) /
+            "run": run, "new_tokens": result.stats.new_tokens, "identical": base.tokens == result.tokens, "speedup": (plain_s / base.stats.new_tokens) /
             (spec_s / result.stats.new_tokens), "tau": result.stats.as_dict().get("acceptance_length"),
             "speedup_cpu": plain_cpu / spec_cpu,   # process CPU time, prefill included: a shared host's waits excluded
             "cycles": len(cycles), "draft_cycles": len(drafted), "draft_probes": sum(c["probe"] for c in drafted),
