@@ -4,15 +4,16 @@ Usage: PYTHONPATH=src python scripts/draft_pass_ab.py [--dtype bfloat16] [--thre
        [--sizes 0,16384,8192] [--before REV] [--draft DIR] [--data DIR ...] [--clock cpu|wall] [--profile]
 
 One target (smollm2) at `--dtype` and the draft in the same dtype, one chat prompt prefilled.
-Each round runs, interleaved: one plain target step (one token, rolled back) and one draft pass
-(`DraftProposer.propose`: backbone, LM head, path selector) per variant:
+Each round runs, interleaved: one plain target step (one token, rolled back), one verify pass of a
+whole block (8 tokens, rolled back) and one draft pass (`DraftProposer.propose`: backbone, LM head,
+path selector) per variant:
 - `V=N`: this checkout's draft with a frequency-ranked draft vocabulary of N tokens (0: the draft's
   own vocabulary), built in memory from `--data` as `python -m dflash2.training.revocab` does;
 - `before`: with `--before REV`, the draft pass of commit REV (its `dflash2` package exported by
   `git archive` and imported under another name), same weights, full vocabulary.
 `--clock cpu` (default) times process CPU seconds (one torch thread: the work itself, not the
-waits of a shared host); `--clock wall` wall seconds. Prints per variant the median ms and its
-ratio to the median plain step; `--profile` adds torch.profiler tables of each variant.
+waits of a shared host); `--clock wall` wall seconds. Prints for the verify pass and per variant the median ms
+and its ratio to the median plain step; `--profile` adds torch.profiler tables of each variant.
 """
 from __future__ import annotations
 
@@ -104,7 +105,14 @@ def main() -> None:
         adapter.step(fresh)
         adapter.keep(torch.zeros(1, dtype=torch.long), 1)
 
-    runs = {"plain step": plain, **{name: (lambda p=p: p.propose(anchors, start, block, 0.0)) for name, p in variants.items()}}
+    block_ids = torch.tensor([ids[-block:]])
+
+    def verify() -> None:   # one verify pass of a whole block (`block` tokens), rolled back
+        adapter.verify(block_ids)
+        adapter.keep(torch.zeros(1, dtype=torch.long), block)
+
+    runs = {"plain step": plain, f"verify {block}": verify,
+            **{name: (lambda p=p: p.propose(anchors, start, block, 0.0)) for name, p in variants.items()}}
     samples: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(3):   # warm-up
         for fn in runs.values():
@@ -117,8 +125,8 @@ def main() -> None:
     plain_ms = 1000 * statistics.median(samples["plain step"])
     print(f"dtype {args.dtype}, {args.threads} thread(s), {args.rounds} rounds, {args.clock} clock; "
           f"plain step median {plain_ms:.2f} ms")
-    print("| draft pass | ms (median) | / plain step |\n|---|---:|---:|")
-    for name in variants:
+    print("| pass | ms (median) | / plain step |\n|---|---:|---:|")
+    for name in [f"verify {block}", *variants]:
         ms = 1000 * statistics.median(samples[name])
         print(f"| {name} | {ms:.2f} | {ms / plain_ms:.3f} |")
     if args.profile:
