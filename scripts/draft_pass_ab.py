@@ -1,77 +1,142 @@
-"""What one proposal pass costs: the DFlash2 draft's block pass against an MTP head's k recursive steps.
+"""Paired timing of the draft pass against a plain target step, in one process.
 
-Paired and interleaved in one process (A, B, B, A, ... medians): on the same target context (a
-prefilled chat prompt per row), each proposer proposes k = block - 1 tokens again and again, at
-each batch size and block size; prints the median milliseconds per proposal and the ratio. The
-weights do not change the cost, so an untrained head (`dflash2 init-draft --family mtp`) measures
-the same as a trained one.
+Usage: PYTHONPATH=src python scripts/draft_pass_ab.py [--dtype bfloat16] [--threads 1] [--rounds 40]
+       [--sizes 0,16384,8192] [--before REV] [--draft DIR] [--data DIR ...] [--clock cpu|wall] [--profile]
 
-    python scripts/draft_pass_ab.py --head /tmp/head [--draft DIR] [--batch 1,8] [--block 4,8] [--repeats 15]
+One target (smollm2) at `--dtype` and the draft in the same dtype, one chat prompt prefilled.
+Each round runs, interleaved: one plain target step (one token, rolled back), one verify pass of a
+whole block (8 tokens, rolled back) and one draft pass (`DraftProposer.propose`: backbone, LM head,
+path selector) per variant:
+- `V=N`: this checkout's draft with a frequency-ranked draft vocabulary of N tokens (0: the draft's
+  own vocabulary), built in memory from `--data` as `python -m dflash2.training.revocab` does;
+- `before`: with `--before REV`, the draft pass of commit REV (its `dflash2` package exported by
+  `git archive` and imported under another name), same weights, full vocabulary.
+`--clock cpu` (default) times process CPU seconds (one torch thread: the work itself, not the
+waits of a shared host); `--clock wall` wall seconds. Prints for the verify pass and per variant the median ms
+and its ratio to the median plain step; `--profile` adds torch.profiler tables of each variant.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
+import io
+import re
 import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
-from dflash2.decoding.loop.following import prompt_following
+from dflash2.decoding.proposers.draft import DraftProposer
 from dflash2.decoding.loop.timing import Stopwatch
-from dflash2.decoding.proposers.kinds import drafter_for
-from dflash2.decoding.verifier.adapter import TargetAdapter
-from dflash2.model.families import load_draft
-from dflash2.pipeline import draft_dtype_for, shipped_draft_path
-from dflash2.targets.builtin import load_target
+from dflash2.pipeline import load_decoder, shipped_draft_path
 from dflash2.targets.chat import encode_prompt
+from dflash2.training.revocab import response_sequences, revocabulary
 
-PROMPT = "Explain, step by step, how a bicycle gear system changes the effort needed to climb a hill."
+PROMPT = "Explain in three sentences why the sky is blue."
 
 
-def proposer_for(model, target, tokenizer, batch: int):
-    """A proposer of `model` over `batch` rows of the prompt, prefilled; -> (proposer, anchors, start)."""
-    adapter = TargetAdapter(target, model.config.target_layer_ids)
-    model.bind_target(adapter.embed_weight(), adapter.lm_head_weight())
-    ids = encode_prompt(tokenizer, PROMPT)
-    logits, features, mask = adapter.add_rows([ids] * batch)
-    adapter.close()                                   # the proposers keep what they need of the context
-    first = logits[:, -1].argmax(dim=-1)
-    proposer = drafter_for(model, adapter).new(Stopwatch(None))
-    proposer.add_rows(features, mask, following=prompt_following([ids] * batch, first, mask.shape[1]))
-    return proposer, first, adapter.next_position.clone()
+def before_package(rev: str, into: Path) -> str:
+    """Export src/dflash2 of `rev` as package `dflash2_before` under `into`; returns its name."""
+    data = subprocess.run(["git", "archive", rev, "src/dflash2"], check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar.getmembers():
+            if not member.isfile():
+                continue
+            path = into / "dflash2_before" / Path(member.name).relative_to("src/dflash2")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            content = tar.extractfile(member).read()
+            if member.name.endswith(".py"):
+                content = re.sub(rb"\bdflash2(?=[. ])", b"dflash2_before", content)
+            path.write_bytes(content)
+    sys.path.insert(0, str(into))
+    return "dflash2_before"
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--head", required=True, help="an MTP head checkpoint")
-    p.add_argument("--draft", default=None, help="a DFlash draft (default: the shipped SmolLM2 draft)")
-    p.add_argument("--batch", default="1,8")
-    p.add_argument("--block", default="4,8")
-    p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--threads", type=int, default=None)
-    args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    target, tokenizer = load_target("smollm2")
-    dtype = draft_dtype_for("auto", "cpu", torch.float32)
-    models = {"dflash2": load_draft(args.draft or shipped_draft_path("smollm2"), dtype),
-              "mtp": load_draft(args.head, dtype)}
-    print(f"| batch | block | dflash2 ms | mtp ms | mtp / dflash2 |  (draft dtype {dtype}, threads "
-          f"{torch.get_num_threads()})\n|---:|---:|---:|---:|---:|")
-    with torch.inference_mode():
-        for batch in [int(b) for b in args.batch.split(",")]:
-            for block in [int(b) for b in args.block.split(",")]:
-                runs = {name: proposer_for(model, target, tokenizer, batch) for name, model in models.items()}
-                times = {name: [] for name in runs}
-                for repeat in range(args.repeats):
-                    order = list(runs) if repeat % 2 == 0 else list(runs)[::-1]    # who goes first alternates
-                    for name in order:
-                        proposer, anchors, start = runs[name]
-                        clock = time.perf_counter()
-                        proposer.propose(anchors, start, block, 0.0)
-                        times[name].append(1000 * (time.perf_counter() - clock))
-                med = {name: statistics.median(t[2:]) for name, t in times.items()}   # the first two warm up
-                print(f"| {batch} | {block} | {med['dflash2']:.1f} | {med['mtp']:.1f} | {med['mtp'] / med['dflash2']:.2f} |")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--sizes", default="0,16384,8192")
+    parser.add_argument("--before", default=None, help="a git revision whose draft pass to time beside")
+    parser.add_argument("--draft", default=None, help="draft directory (default: the shipped one)")
+    parser.add_argument("--data", action="append", default=None)
+    parser.add_argument("--clock", default="cpu", choices=("cpu", "wall"))
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    pipe = load_decoder("smollm2", args.draft, dtype=args.dtype, draft_dtype=args.dtype, proposer="draft")
+    adapter, draft = pipe.decoder.target, pipe.decoder.draft
+    embed, head = adapter.model.get_input_embeddings().weight, adapter.model.get_output_embeddings().weight
+    ids = encode_prompt(pipe.tokenizer, PROMPT)
+    _, features = adapter.prefill([ids])
+    sizes = [int(s) for s in args.sizes.split(",")]
+    data = args.data or ["data/regen/smollm2-sharegpt", "data/regen/smollm2-synthetic"]
+    sequences, stops = response_sequences(data) if any(sizes) else ([], set())
+    variants = {}
+    for size in sizes:
+        other = draft if size == 0 else revocabulary(draft.float(), sequences, size, stops)[0].eval()
+        other.to(dtype).bind_target(embed, head)
+        variants[f"V={size or draft.config.draft_vocab_size or draft.config.vocab_size}"] = DraftProposer(other, Stopwatch(None))
+    draft.to(dtype)
+    if args.before:
+        name = before_package(args.before, Path(tempfile.mkdtemp(prefix="draft-before-")))
+        old_draft = importlib.import_module(f"{name}.model.draft").DFlash2DraftModel
+        old_proposer = importlib.import_module(f"{name}.decoding.proposer").DraftProposer
+        old_stopwatch = importlib.import_module(f"{name}.decoding.timing").Stopwatch
+        old = old_draft.from_pretrained(args.draft or shipped_draft_path("smollm2"), dtype=dtype)
+        old.bind_target(embed, head)
+        variants[f"before ({args.before})"] = old_proposer(old, old_stopwatch(None))
+    for proposer in variants.values():
+        proposer.add_rows(features, adapter.mask)
+    anchors = torch.tensor([ids[-1]])
+    start = adapter.next_position.clone()
+    block = draft.config.block_size
+    fresh = torch.tensor([[ids[-1]]])
+
+    def plain() -> None:   # one plain target step of one token, rolled back (the cache keeps its length)
+        adapter.step(fresh)
+        adapter.keep(torch.zeros(1, dtype=torch.long), 1)
+
+    block_ids = torch.tensor([ids[-block:]])
+
+    def verify() -> None:   # one verify pass of a whole block (`block` tokens), rolled back
+        adapter.verify(block_ids)
+        adapter.keep(torch.zeros(1, dtype=torch.long), block)
+
+    runs = {"plain step": plain, f"verify {block}": verify,
+            **{name: (lambda p=p: p.propose(anchors, start, block, 0.0)) for name, p in variants.items()}}
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(3):   # warm-up
+        for fn in runs.values():
+            fn()
+    for _ in range(args.rounds):
+        for name, fn in runs.items():
+            t = clock()
+            fn()
+            samples[name].append(clock() - t)
+    plain_ms = 1000 * statistics.median(samples["plain step"])
+    print(f"dtype {args.dtype}, {args.threads} thread(s), {args.rounds} rounds, {args.clock} clock; "
+          f"plain step median {plain_ms:.2f} ms")
+    print("| pass | ms (median) | / plain step |\n|---|---:|---:|")
+    for name in [f"verify {block}", *variants]:
+        ms = 1000 * statistics.median(samples[name])
+        print(f"| {name} | {ms:.2f} | {ms / plain_ms:.3f} |")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+        for name, fn in runs.items():
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(10):
+                    fn()
+            print(f"\n## {name}: torch.profiler, 10 calls")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
 
 
 if __name__ == "__main__":

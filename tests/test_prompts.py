@@ -272,3 +272,35 @@ def test_the_grounded_set_loads_as_a_prompt_file():
     assert all(c.prompt == r["prompt"] for c, r in zip(conversations, records))
     text = resources.files("dflash2").joinpath("data", "benchmarks", "LICENSES.md").read_text()
     assert hashlib.sha256(path.read_bytes()).hexdigest() in text
+
+
+def test_the_project_sets_load_by_name():
+    """`grounded` and `fresh` load through `load_benchmark` / `--datasets` like the five benchmarks,
+    as their files hold them; they are not among the five a default run measures."""
+    import json
+
+    for name, count in (("grounded", 40), ("fresh", 48)):
+        path = resources.files("dflash2").joinpath("data", "benchmarks", prompts.PROJECT_SETS[name])
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        convs = prompts.load_benchmark(name)
+        assert len(convs) == len(records) == count and {c.dataset for c in convs} == {name}
+        assert [c.prompt for c in convs] == [r["prompt"] for r in records]
+        assert prompts.load_benchmark(name, 5) == convs[:5]
+        assert name not in prompts.BENCHMARKS
+        text = resources.files("dflash2").joinpath("data", "benchmarks", "LICENSES.md").read_text()
+        assert hashlib.sha256(path.read_bytes()).hexdigest() in text
+    assert list(prompts.load_conversations(["fresh", "gsm8k"], 2)) == ["fresh", "gsm8k"]
+    with pytest.raises(DFlash2Error, match="valid names: .*fresh"):
+        prompts.load_benchmark("freshh")
+
+
+def test_the_fresh_set_is_chat_math_and_code_written_for_the_project():
+    import json
+
+    path = resources.files("dflash2").joinpath("data", "benchmarks", "fresh.jsonl")
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    kinds = [r["category"] for r in records]
+    assert {k: kinds.count(k) for k in set(kinds)} == {"chat": 16, "math": 16, "code": 16}
+    assert all(r["license"].startswith("Apache-2.0") for r in records)
+    assert len({r["prompt"] for r in records}) == 48
+    assert not any(prompts.overlaps_benchmarks(r["prompt"]) for r in records)

@@ -6,6 +6,12 @@ Contract:
 - `load_benchmark(name, num_prompts=None)` reads one of `BENCHMARKS` from the copies shipped in
   `dflash2/data/benchmarks/` (offline; sources and licenses in `LICENSES.md` there) and applies that
   dataset's template from `TEMPLATES`. Records keep the file order; `num_prompts` takes the first N.
+- `PROJECT_SETS` are prompt sets the project wrote itself, shipped beside the benchmarks as prompt
+  files (`load_prompt_file` format, records kept in file order): `grounded` (input-grounded tasks,
+  where lookup has text to copy) and `fresh` (chat, math and code prompts whose answers by the
+  default target do not loop: text lookup cannot copy). `load_benchmark` loads them by name too
+  (untemplated: each record's `prompt` is the whole user turn); they are not among `BENCHMARKS`
+  (the five named sets every default run measures).
 - `load_prompt_file(path)` reads user JSON Lines: one object per line with either `prompt` (a
   string) or `turns` (a list of strings), and optionally `id`. Blank lines are skipped.
 - `load_conversations(datasets, num_prompts, dataset_files)` -> {dataset name: [Conversation]}:
@@ -67,6 +73,8 @@ TEMPLATES = {
     "mt-bench": MT_BENCH_TEMPLATE,
 }
 
+PROJECT_SETS = {"grounded": "grounded.jsonl", "fresh": "fresh.jsonl"}
+
 _BENCHMARK_FILES = {
     "gsm8k": "gsm8k.jsonl",
     "math500": "math500.jsonl",
@@ -110,12 +118,17 @@ def _render(name: str, record: dict[str, Any]) -> list[str]:
 
 
 def load_benchmark(name: str, num_prompts: int | None = None) -> list[Conversation]:
-    """Templated prompts of benchmark `name` (one of BENCHMARKS), optionally only the first N."""
+    """Templated prompts of benchmark `name` (one of BENCHMARKS, or a project set of PROJECT_SETS),
+    optionally only the first N."""
     key = str(name).strip().lower().replace("_", "-")
-    if key not in _BENCHMARK_FILES:
-        raise DFlash2Error(f"unknown benchmark {name!r}; valid names: {', '.join(BENCHMARKS)}")
+    if key not in _BENCHMARK_FILES and key not in PROJECT_SETS:
+        raise DFlash2Error(f"unknown benchmark {name!r}; valid names: {', '.join(BENCHMARKS + tuple(PROJECT_SETS))}")
     if not _positive_int_or_none(num_prompts):
         raise DFlash2Error(f"num_prompts must be a positive integer or None, got {num_prompts!r}")
+    if key in PROJECT_SETS:
+        resource = resources.files("dflash2").joinpath("data", "benchmarks", PROJECT_SETS[key])
+        with resources.as_file(resource) as path:
+            return load_prompt_file(path)[:num_prompts]
     records = _benchmark_records(key)[:num_prompts]
     return [Conversation(key, str(r["id"]), _render(key, r)) for r in records]
 

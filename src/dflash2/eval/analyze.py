@@ -40,7 +40,6 @@ from dflash2.files.atomic import check_output, markdown_table, write_json, write
 from dflash2.pipeline import build_pipeline
 from dflash2.runtime.provenance import git_commit, machine_info, machine_line
 from dflash2.targets.chat import first_turns
-from dflash2.model.draft import apply_rope, rope_cos_sin
 from dflash2.model.mask import block_visibility
 from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.errors import require
@@ -113,12 +112,10 @@ class AttentionProbe:
 
     def _hook(self, index: int):
         def hook(module, inputs, output):
-            x, positions, context, mask = inputs
+            x, rope, context, mask = inputs
             b, q_len, _ = x.shape
-            q = module.q_norm(module.q_proj(x).view(b, q_len, module.heads, module.head_dim))
-            cos, sin = rope_cos_sin(positions, module.head_dim, module.theta, q.dtype)
-            q = apply_rope(q, cos, sin).transpose(1, 2).float()                      # [b, heads, Q, d]
-            k_block, v_block = module.key_value(x, positions)
+            q, k_block, v_block = module.block_qkv(x, rope)
+            q = q.float()                                                             # [b, heads, Q, d]
             group = module.heads // module.kv_heads
             k = torch.cat([context[0], k_block], dim=2).float().repeat_interleave(group, dim=1)
             v = torch.cat([context[1], v_block], dim=2).float().repeat_interleave(group, dim=1)

@@ -46,7 +46,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from dflash2.argparsing import ModelSettings, OneLineParser, add_model_arguments, parse_list
-from dflash2.data.prompts import BENCHMARKS, load_conversations
+from dflash2.data.prompts import BENCHMARKS, PROJECT_SETS, load_conversations
 from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.proposers.kinds import PROPOSERS
 from dflash2.errors import DFlash2Error, require
@@ -107,7 +107,8 @@ def parse_args(argv) -> BenchSettings:
     p = OneLineParser(prog="dflash2 bench", description="Acceptance length, speedup and losslessness of "
                                 "speculative decoding vs this engine's autoregressive baseline, and vs peers.")
     add_model_arguments(p, several_proposers=True)
-    p.add_argument("--datasets", default=None, help=f"comma list of {', '.join(BENCHMARKS)} (default: all, or none "
+    p.add_argument("--datasets", default=None, help=f"comma list of {', '.join(BENCHMARKS)} and the project's own sets "
+                                                    f"{', '.join(PROJECT_SETS)} (default: the five benchmarks, or none "
                                                     "when --dataset-file is given)")
     p.add_argument("--dataset-file", action="append", default=None,
                    help="JSONL prompts ({prompt} or {turns} per line), its own dataset (repeat for several)")

@@ -2,7 +2,8 @@
 
 Contract: `render_markdown(results)` -> the settings, the per-dataset table at the first
 concurrency (tau, autoregressive and speculative tok/s, speedup pooled and as the median of batch
-pairs, TPOT, mismatches), per-position acceptance and the tau histogram, the concurrency sweep when
+pairs, TPOT, mismatches, and beside the speedups how much the answers repeat themselves: the mean
+share of repeated 4-grams, the looping answers and the speedup on the batches with none), per-position acceptance and the tau histogram, the concurrency sweep when
 there is one (with the drafts verified per cycle, the plain steps of fallback and what speculating
 cost on the speculative decoder's own clock), the proposers side by side when several were
 measured (`render_proposers`: per dataset and batch size, tau, speedup, tokens accepted from each
@@ -29,10 +30,12 @@ def render_markdown(results: dict) -> str:
              "autoregressive / speculative time per output token of this same engine, same prompts and batch size\n",
              f"## dflash2 at concurrency {c0}{_proposer(s)}\n"]
     rows = [[name, d["acceptance_length"], d["baseline_tokens_per_second"], d["tokens_per_second"], d["speedup"],
-             d["speedup_median"], d["time_per_output_token_ms"], d["mismatches"], d["sequences"]]
+             d["speedup_median"], *_repetition(d), d["time_per_output_token_ms"], d["mismatches"], d["sequences"]]
             for name, d in list(results["datasets"].items()) + [("**overall**", results["overall"])]]
     lines.append(markdown_table(["dataset", "tau", "AR tok/s", "spec tok/s", "speedup", "median pair speedup",
-                                 "TPOT ms", "mismatches", "sequences"], rows))
+                                 "repeated 4-grams", "looping answers", "speedup, no loops", "TPOT ms",
+                                 "mismatches", "sequences"], rows))
+    lines.append(_loop_definition(results["overall"]))
     lines.append(f"Mean of the per-dataset tau (as in the published tables): {results['overall']['mean_over_datasets']:.2f}\n")
     block = s["block_size"]
     lines.append("## Per-position acceptance (drafts 1..k all accepted) and tau histogram\n")
@@ -76,11 +79,11 @@ def render_proposers(results: dict) -> str:
                 accepted = d.get("accepted_by_source", {})
                 rows.append([name if name != "overall" else "**overall**", proposer, d["acceptance_length"],
                              d["baseline_tokens_per_second"], d["tokens_per_second"], d["speedup"],
-                             d["speedup_median"], accepted.get("draft", 0), accepted.get("lookup", 0),
+                             d["speedup_median"], d.get("speedup_non_looping"), accepted.get("draft", 0), accepted.get("lookup", 0),
                              accepted.get("lattice", 0), f"{d.get('tree_cycles', 0)} / {d.get('tree_extra_tokens', 0)}",
                              d["plain_steps"], d["mismatches"]])
         lines.append(markdown_table(["dataset", "proposer", "tau", "AR tok/s", "spec tok/s", "speedup",
-                                     "median pair speedup", "accepted: draft", "lookup", "lattice",
+                                     "median pair speedup", "speedup, no loops", "accepted: draft", "lookup", "lattice",
                                      "tree cycles / extra nodes", "plain steps", "mismatches"], rows))
     return "\n".join(lines) + "\n"
 
@@ -104,6 +107,23 @@ def render_peers(results: dict) -> str:
         lines.append(f"- **{key}** ({report['description']}): {status}")
         lines += [f"  - {note}" for note in report.get("notes", [])]
     return "\n".join(lines) + "\n"
+
+
+def _repetition(d: dict) -> list:
+    """Mean repeated 4-gram share, looping answers of all, speedup on the batches without one."""
+    rep = d.get("repetition")
+    if not rep or rep["mean_share"] is None:
+        return [None, None, d.get("speedup_non_looping")]
+    return [f"{100 * rep['mean_share']:.0f} %", f"{rep['looping']} / {rep['answers']}", d.get("speedup_non_looping")]
+
+
+def _loop_definition(overall: dict) -> str:
+    rep = overall.get("repetition")
+    if not rep:
+        return ""
+    return (f"Repeated {rep['ngram']}-grams: per answer, the share of its {rep['ngram']}-grams that repeat an earlier "
+            f"one of the same answer (mean over the answers); an answer loops when that share exceeds "
+            f"{rep['threshold']:g}; \"speedup, no loops\" pools the batches none of whose answers loops.\n")
 
 
 def _proposer(settings: dict) -> str:

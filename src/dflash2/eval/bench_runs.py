@@ -11,7 +11,10 @@ Contract:
   greedy)` -> the report of one dataset (or all) at one concurrency: the speculative summary,
   speedup pooled, as the median of paired batch ratios (`median_pair_ratio`, wall and CPU time),
   mismatches; `speculation_overhead` what the drafted cycles cost on the speculative decoder's own
-  clock. `DEFINITIONS` says what each reported key means (saved with the results).
+  clock; `repetition` how much the answers repeat themselves (`eval.repetition`: the share of an
+  answer's 4-grams that repeat an earlier one, the autoregressive answers where there are any)
+  and `speedup_non_looping` the pooled speedup over the batches none of whose answers loops.
+  `DEFINITIONS` says what each reported key means (saved with the results).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from dflash2.decoding.loop.stats import BatchTiming, RowStats
+from dflash2.eval.repetition import LOOP_THRESHOLD, NGRAM, RepetitionSummary, loops
 
 DEFINITIONS = {
     "acceptance_length": "committed tokens / verification passes, bonus token counted, prefill token excluded; "
@@ -40,6 +44,12 @@ DEFINITIONS = {
     "speedup_cpu_median": "the same median with each batch's process CPU seconds of its decoding cycles (all threads, "
                           "prefill excluded) in place of wall time: what the hypervisor steals from a shared host "
                           "does not count",
+    "repetition": f"how much the answers repeat themselves: per answer, the share of its {NGRAM}-grams (token ids) "
+                  f"equal to one that starts earlier in the same answer (text n-gram lookup can copy); mean_share "
+                  f"is the mean over the answers (the autoregressive ones, or the speculative ones without a "
+                  f"baseline), looping the answers whose share exceeds {LOOP_THRESHOLD}",
+    "speedup_non_looping": "speedup pooled over the batches none of whose answers loops (repetition share above the "
+                           "threshold): at batch 1, the speedup on the answers that do not loop",
 }
 
 
@@ -53,6 +63,7 @@ class Side:
     seconds: float = 0.0
     batch_seconds: list[float] = field(default_factory=list)   # wall seconds of each generate() call
     batch_tokens: list[int] = field(default_factory=list)      # new tokens of each generate() call
+    batch_rows: list[int] = field(default_factory=list)        # rows (answers) of each generate() call
 
     def add(self, results, seconds: float) -> None:
         self.outputs += [r.tokens for r in results]
@@ -61,12 +72,25 @@ class Side:
         self.seconds += seconds
         self.batch_seconds.append(seconds)
         self.batch_tokens.append(sum(r.stats.new_tokens for r in results))
+        self.batch_rows.append(len(results))
 
     def batch_tpots(self, cpu: bool = False) -> list[float]:
         """Each batch's (wall - prefill) seconds per new token; with `cpu`, its cycles' process CPU
         seconds per new token."""
-        return [(timing.cycle_cpu_seconds if cpu else seconds - timing.prefill_seconds) / max(tokens, 1)
-                for timing, seconds, tokens in zip(self.batches, self.batch_seconds, self.batch_tokens)]
+        return [seconds / max(tokens, 1) for seconds, tokens in zip(self.batch_decoding_seconds(cpu), self.batch_tokens)]
+
+    def batch_decoding_seconds(self, cpu: bool = False) -> list[float]:
+        """Each batch's wall seconds less its prefill; with `cpu`, its cycles' process CPU seconds."""
+        return [timing.cycle_cpu_seconds if cpu else seconds - timing.prefill_seconds
+                for timing, seconds in zip(self.batches, self.batch_seconds)]
+
+    def batch_answers(self) -> list[list[list[int]]]:
+        """Each batch's answers (outputs in order, `batch_rows` at a time)."""
+        out, start = [], 0
+        for rows in self.batch_rows:
+            out.append(self.outputs[start:start + rows])
+            start += rows
+        return out
 
     @property
     def prefill(self) -> float:
@@ -83,13 +107,13 @@ class Side:
     def to_dict(self) -> dict:
         return {"outputs": self.outputs, "stats": [st.to_dict() for st in self.stats],
                 "batches": [t.to_dict() for t in self.batches], "seconds": self.seconds,
-                "batch_seconds": self.batch_seconds, "batch_tokens": self.batch_tokens}
+                "batch_seconds": self.batch_seconds, "batch_tokens": self.batch_tokens, "batch_rows": self.batch_rows}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Side":
         return cls(data["outputs"], [RowStats.from_dict(st) for st in data["stats"]],
                    [BatchTiming.from_dict(t) for t in data["batches"]], data["seconds"], data["batch_seconds"],
-                   data["batch_tokens"])
+                   data["batch_tokens"], data.get("batch_rows", []))
 
 
 @dataclass
@@ -207,8 +231,28 @@ def entry(pair: PairRuns, block: int, greedy: bool) -> dict:
                baseline_seconds=ar["seconds"],
                mismatches=sum(a != s for a, s in pairs) if greedy else None, compared=len(pairs),
                speedup_median=median_pair_ratio(ar_sides, spec_sides),
-               speedup_cpu_median=median_pair_ratio(ar_sides, spec_sides, cpu=True))
+               speedup_cpu_median=median_pair_ratio(ar_sides, spec_sides, cpu=True),
+               repetition=RepetitionSummary.of([o for side in (ar_sides if ar["sequences"] else spec_sides)
+                                                for o in side.outputs]).to_dict(),
+               speedup_non_looping=non_looping_speedup(ar_sides, spec_sides))
     return out
+
+
+def non_looping_speedup(ar_sides: list[Side], spec_sides: list[Side]) -> float | None:
+    """Autoregressive / speculative time per output token pooled over the batch pairs none of whose
+    autoregressive answers loops; None without a baseline, or when every batch has a looping answer."""
+    seconds, tokens = [0.0, 0.0], [0, 0]
+    for ar_side, spec_side in zip(ar_sides, spec_sides):
+        batches = zip(ar_side.batch_answers(), ar_side.batch_decoding_seconds(), ar_side.batch_tokens,
+                      spec_side.batch_decoding_seconds(), spec_side.batch_tokens)
+        for answers, *pair in batches:
+            if not any(loops(a) for a in answers):
+                for side in (0, 1):
+                    seconds[side] += pair[2 * side]
+                    tokens[side] += pair[2 * side + 1]
+    if not (tokens[0] and tokens[1] and seconds[1] > 0):
+        return None
+    return (seconds[0] / tokens[0]) / (seconds[1] / tokens[1])
 
 
 def median_pair_ratio(ar_sides: list[Side], spec_sides: list[Side], cpu: bool = False) -> float | None:

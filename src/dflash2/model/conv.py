@@ -16,6 +16,7 @@ fresh DFlash2 layer compute exactly what a DFlash v1 layer computes.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -39,16 +40,16 @@ class GroupedDynamicConv(nn.Module):
     def coefficients(self, x_normed: torch.Tensor) -> torch.Tensor:
         """[b, n, B, H] -> per-channel tap weights [b, n, B, 2 sides, K taps, H]."""
         dynamic = self.kernel_projection(x_normed)
-        dynamic = dynamic.view(*x_normed.shape[:-1], 2, self.kernel_size, self.groups)
-        dynamic = dynamic.repeat_interleave(self.group_size, dim=-1)  # groups -> channels
-        return self.base_kernel.to(dynamic.dtype) + dynamic
+        dynamic = dynamic.view(*x_normed.shape[:-1], 2, self.kernel_size, self.groups, 1)    # groups -> channels:
+        base = self.base_kernel.to(dynamic.dtype).view(2, self.kernel_size, self.groups, self.group_size)
+        return (base + dynamic).flatten(-2)                                                  # by broadcasting
 
     def apply_side(self, x: torch.Tensor, coeffs: torch.Tensor, side: int) -> torch.Tensor:
         """Causal within each block: x [b, n, B, H], coeffs [b, n, B, 2, K, H]."""
         out = coeffs[..., side, 0, :] * x
+        block = x.shape[-2]
         for tap in range(1, self.kernel_size):
-            shifted = torch.zeros_like(x)
-            shifted[..., tap:, :] = x[..., :-tap, :]  # x_{t-tap}, zero before the block start
+            shifted = F.pad(x, (0, 0, tap, 0))[..., :block, :]  # x_{t-tap}, zero before the block start
             out = out + coeffs[..., side, tap, :] * shifted
         return out
 

@@ -62,31 +62,29 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * x32).to(self.weight.dtype)
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(self.weight.dtype)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """positions [...] -> cos, sin [..., 1 (heads), head_dim] for rotate-half RoPE."""
+    """positions [...] -> cos, signed sin [..., 1 (heads), head_dim] for rotate-half RoPE: the sin of
+    the first half negated, so that `apply_rope` rotates by one roll. Made once per pass, shared by
+    every layer's queries and keys."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    angles = positions.float().unsqueeze(-1) * inv_freq                 # [..., d/2]
-    angles = torch.cat([angles, angles], dim=-1).unsqueeze(-2)          # [..., 1, d]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    angles = (positions.float().unsqueeze(-1) * inv_freq).unsqueeze(-2)          # [..., 1, d/2]
+    sin = angles.sin()
+    return torch.cat([angles, angles], dim=-1).cos().to(dtype), torch.cat([-sin, sin], dim=-1).to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [..., heads, d]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    """x [..., heads, d]; cos, signed sin from `rope_cos_sin`. rotate_half(x) * sin equals
+    roll(x, d/2) * signed sin, element for element."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 class DraftAttention(nn.Module):
     def __init__(self, config: DFlash2Config):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        self.theta = config.rope_theta
         h = config.hidden_size
         self.q_proj = nn.Linear(h, self.heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
@@ -95,26 +93,31 @@ class DraftAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def key_value(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [b, L, H], positions [b, L] -> roped K, V [b, kv_heads, L, d]."""
+    def key_value(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [b, L, H], rope (cos, sin) of its positions [b, L, 1, d] -> roped K, V [b, kv_heads, L, d]."""
         b, length, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(b, length, self.kv_heads, self.head_dim))
+        k = self.k_proj(x).view(b, length, self.kv_heads, self.head_dim)
         v = self.v_proj(x).view(b, length, self.kv_heads, self.head_dim)
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, k.dtype)
-        return apply_rope(k, cos, sin).transpose(1, 2), v.transpose(1, 2)
+        return apply_rope(self.k_norm(k), *rope).transpose(1, 2), v.transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], context: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor) -> torch.Tensor:
-        """x [b, Q, H] block tokens, positions [b, Q]; context K/V [b, kv, L, d]; mask [b, 1, Q, L+Q]."""
+        """x [b, Q, H] block tokens, rope (cos, sin) of their positions [b, Q, 1, d]; context K/V
+        [b, kv, L, d]; mask [b, 1, Q, L+Q]."""
         b, q_len, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, q_len, self.heads, self.head_dim))
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, q.dtype)
-        q = apply_rope(q, cos, sin).transpose(1, 2)                                # [b, heads, Q, d]
-        k_block, v_block = self.key_value(x, positions)
+        q, k_block, v_block = self.block_qkv(x, rope)
         k = torch.cat([context[0], k_block], dim=2)
         v = torch.cat([context[1], v_block], dim=2)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.heads * self.head_dim))
+
+    def block_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [b, Q, H] -> normed, roped q [b, heads, Q, d] and the block's own K, V [b, kv_heads, Q, d]."""
+        b, q_len, _ = x.shape
+        q = self.q_proj(x).view(b, q_len, self.heads, self.head_dim)
+        k, v = self.key_value(x, rope)
+        return apply_rope(self.q_norm(q), *rope).transpose(1, 2), k, v
 
 
 class DraftLayer(nn.Module):
@@ -129,15 +132,16 @@ class DraftLayer(nn.Module):
             self.attention_conv = GroupedDynamicConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)
             self.mlp_conv = GroupedDynamicConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)
 
-    def forward(self, x, positions, context, mask, conv_enabled: bool = True):
-        """x [b, n, B, H] (block layout keeps the convolutions block-local)."""
+    def forward(self, x, rope, context, mask, conv_enabled: bool = True):
+        """x [b, n, B, H] (block layout keeps the convolutions block-local); rope (cos, sin) of the
+        positions [b, n*B, 1, d]."""
         b, n, block, h = x.shape
         flat = (b, n * block, h)
         use_conv = self.use_conv and conv_enabled
         a = self.input_layernorm(x)
         if use_conv:
             a, k1 = self.attention_conv.prepare(a)
-        y = self.self_attn(a.reshape(flat), positions.reshape(b, -1), context, mask).view_as(x)
+        y = self.self_attn(a.reshape(flat), rope, context, mask).view_as(x)
         x = x + (self.attention_conv.finish(y, k1) if use_conv else y)
         m = self.post_attention_layernorm(x)
         if use_conv:
@@ -245,14 +249,20 @@ class DFlash2DraftModel(nn.Module):
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """features [b, L, n_taps*H_t], positions [b, L] -> per layer (K, V) [b, kv, L, d]."""
         ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
-        return [layer.self_attn.key_value(ctx, positions) for layer in self.layers]
+        rope = self.rope(positions, ctx.dtype)
+        return [layer.self_attn.key_value(ctx, rope) for layer in self.layers]
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [b, L] -> (cos, signed sin) [b, L, 1, head_dim], shared by every layer."""
+        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
 
     def forward_blocks(self, block_ids: torch.Tensor, block_positions: torch.Tensor,
                        context: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> torch.Tensor:
         """block_ids / block_positions [b, n, B] -> final-norm hidden [b, n, B, H]."""
         x = self.embed(block_ids)
+        rope = self.rope(block_positions.reshape(block_positions.shape[0], -1), x.dtype)
         for layer, layer_context in zip(self.layers, context):
-            x = layer(x, block_positions, layer_context, mask, self.conv_enabled)
+            x = layer(x, rope, layer_context, mask, self.conv_enabled)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -82,30 +82,31 @@ class CandidateSelector(nn.Module):
 
         `temperature` is a number or a [b] tensor (0 = greedy for that row); sampled rows draw
         their pick at position t by inverse CDF with u[:, t] (u [b, T], required when any row
-        samples). `confidence` [b, T] is the walk's probability of each pick: q_t(pick) for sampled
-        rows, softmax(S_t(prev, .))(pick) for greedy rows."""
+        samples; without u every row walks greedily, and no host synchronisation is needed to
+        tell). `confidence` [b, T] is the walk's probability of each pick: q_t(pick) for sampled
+        rows, softmax(S_t(prev, .))(pick) for greedy rows; `q` is returned when u is given."""
         b, t_len, k, _ = scores.shape
-        rows = torch.arange(b, device=scores.device)
         temps = torch.as_tensor(temperature, dtype=torch.float32, device=scores.device).expand(b)
         greedy = temps <= 0
-        sampling = not bool(greedy.all())
-        scale = torch.where(greedy, torch.ones_like(temps), temps)[:, None]   # [b, 1]
-        prev = torch.zeros(b, dtype=torch.long, device=scores.device)
-        chosen, dists, confidence = [], [], []
+        sampling = u is not None
+        scale = torch.where(greedy, torch.ones_like(temps), temps)[:, None, None, None]   # [b, 1, 1, 1]
+        # Every predecessor's successor distribution and choice at once; the walk then only follows
+        # its picks (the row of the pick before): the same rows, draws and ties as one row at a time.
+        table = scores.float()                                                  # [b, T, K_prev, K]
+        q_all = torch.softmax(table / scale, dim=-1)
+        step = table.argmax(dim=-1)  # [b, T, K_prev] first maximum: ties go to the lower index
+        if sampling:   # the pick each predecessor's row would draw with u[:, t]
+            step = torch.where(greedy[:, None, None], step, sample_from(q_all, u[:, :, None].expand(b, t_len, k)))
+        prev = torch.zeros(b, 1, dtype=torch.long, device=scores.device)
+        came_from, chosen = [], []
         for t in range(t_len):
-            row = scores[rows, t, prev].float()                                 # [b, K]
-            q = torch.softmax(row / scale, dim=-1)
-            pick = row.argmax(dim=-1)  # first maximum: ties go to the lower index
-            if sampling:
-                pick = torch.where(greedy, pick, sample_from(q, u[:, t]))
-                dists.append(q)
-            confidence.append(q.gather(-1, pick[:, None])[:, 0])
-            chosen.append(pick)
-            prev = pick
-        picks = torch.stack(chosen, dim=1)                                       # [b, T]
+            came_from.append(prev)
+            prev = step[:, t].gather(1, prev)                                   # [b, 1]
+            chosen.append(prev)
+        picks, preds = torch.cat(chosen, dim=1), torch.cat(came_from, dim=1)     # [b, T]
+        q = q_all.gather(2, preds[:, :, None, None].expand(b, t_len, 1, k)).squeeze(2)   # [b, T, K] the rows walked
         tokens = candidate_ids.gather(-1, picks.unsqueeze(-1)).squeeze(-1)
-        return SelectedPath(tokens, candidate_ids, torch.stack(dists, dim=1) if dists else None,
-                            torch.stack(confidence, dim=1))
+        return SelectedPath(tokens, candidate_ids, q if sampling else None, q.gather(-1, picks.unsqueeze(-1)).squeeze(-1))
 
     @staticmethod
     def second_path(scores: torch.Tensor, candidate_ids: torch.Tensor, main: SelectedPath) -> SecondPath:

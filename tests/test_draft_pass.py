@@ -1,0 +1,128 @@
+"""The draft pass's leaner pieces compute what the plain formulations compute: the path walk over
+all predecessors at once, the convolution's broadcast coefficients and padded shift, RoPE by one
+roll made once per pass for every layer."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash2.model.conv import GroupedDynamicConv
+from dflash2.model.draft import apply_rope, rope_cos_sin
+from dflash2.model.selector import CandidateSelector
+from dflash2.runtime.rng import sample_from
+from dflash2.targets.tiny import tiny_draft, tiny_target
+
+
+def walk_one_row_at_a_time(scores, candidate_ids, temperature, u=None):
+    """The walk as the contract states it: position by position from the pick before."""
+    b, t_len, _, _ = scores.shape
+    rows = torch.arange(b)
+    temps = torch.as_tensor(temperature, dtype=torch.float32).expand(b)
+    greedy = temps <= 0
+    scale = torch.where(greedy, torch.ones_like(temps), temps)[:, None]
+    prev = torch.zeros(b, dtype=torch.long)
+    picks, dists, confidence = [], [], []
+    for t in range(t_len):
+        row = scores[rows, t, prev].float()
+        q = torch.softmax(row / scale, dim=-1)
+        pick = torch.where(greedy, row.argmax(-1), sample_from(q, u[:, t])) if u is not None else row.argmax(-1)
+        dists.append(q)
+        confidence.append(q.gather(-1, pick[:, None])[:, 0])
+        picks.append(pick)
+        prev = pick
+    picks = torch.stack(picks, 1)
+    return candidate_ids.gather(-1, picks[..., None])[..., 0], torch.stack(dists, 1), torch.stack(confidence, 1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8, [0.0, 1.3, 0.0, 0.5]])
+def test_walk_over_all_predecessors_at_once_is_the_row_by_row_walk(temperature):
+    torch.manual_seed(0)
+    b, t_len, k = 4, 7, 16
+    scores = torch.randn(b, t_len, k, k) * 3
+    scores[0, 2, :, 5] = scores[0, 2, :, 9] = 50.0           # a tie: the lower index wins
+    candidate_ids = torch.randint(0, 1000, (b, t_len, k))
+    sampled = temperature != 0.0
+    u = torch.rand(b, t_len) if sampled else None
+    path = CandidateSelector.walk(scores, candidate_ids, torch.tensor(temperature) if sampled else 0.0, u)
+    tokens, q, confidence = walk_one_row_at_a_time(scores, candidate_ids, torch.tensor(temperature), u)
+    assert torch.equal(path.tokens, tokens)
+    assert torch.equal(path.confidence, confidence)
+    assert (path.q is None) == (not sampled)
+    if sampled:
+        assert torch.equal(path.q, q)
+
+
+def test_a_walk_that_follows_the_wrong_row_would_differ():
+    """The oracle above tells walks apart: always reading predecessor row 0 gives another path."""
+    torch.manual_seed(1)
+    scores = torch.randn(2, 7, 16, 16) * 3
+    ids = torch.arange(16).expand(2, 7, 16)
+    wrong = ids.gather(-1, scores[:, :, 0].argmax(-1, keepdim=True))[..., 0]
+    assert not torch.equal(CandidateSelector.walk(scores, ids, 0.0).tokens, wrong)
+
+
+def test_convolution_coefficients_and_shift_match_the_per_channel_definition():
+    torch.manual_seed(2)
+    conv = GroupedDynamicConv(64, kernel_size=3, group_size=16)
+    with torch.no_grad():
+        conv.base_kernel.normal_()
+        conv.kernel_projection.weight.normal_()
+    x = torch.randn(2, 3, 5, 64)
+    dynamic = conv.kernel_projection(x).view(2, 3, 5, 2, 3, 4).repeat_interleave(16, dim=-1)
+    coeffs = conv.base_kernel + dynamic
+    assert torch.equal(conv.coefficients(x), coeffs)
+    for side in (0, 1):
+        expected = coeffs[..., side, 0, :] * x
+        for tap in (1, 2):
+            shifted = torch.zeros_like(x)
+            shifted[..., tap:, :] = x[..., :-tap, :]
+            expected = expected + coeffs[..., side, tap, :] * shifted
+        assert torch.equal(conv.apply_side(x, coeffs, side), expected)
+    short = torch.randn(1, 1, 2, 64)   # a block no longer than the taps: the far tap sees only zeros
+    assert conv.apply_side(short, conv.coefficients(short), 0).shape == short.shape
+
+
+def test_rope_by_one_roll_is_rotate_half():
+    torch.manual_seed(3)
+    positions = torch.tensor([[0, 5, 17, 300]])
+    x = torch.randn(1, 4, 3, 64)
+    cos, sin = rope_cos_sin(positions, 64, 10000.0, torch.float32)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64))
+    angles = torch.cat([positions[..., None] * inv_freq] * 2, dim=-1)[..., None, :]
+    rotated = torch.cat([-x[..., 32:], x[..., :32]], dim=-1)
+    assert torch.equal(apply_rope(x, cos, sin), x * angles.cos() + rotated * angles.sin())
+
+
+def test_attention_with_rope_shared_by_the_pass_is_plain_rope_attention():
+    """q, k and v with rotate-half RoPE computed per tensor, against the draft's attention given one
+    (cos, signed sin) for the whole pass."""
+    import torch.nn.functional as F
+
+    target = tiny_target("llama")
+    attn = tiny_draft(target).layers[0].self_attn
+    with torch.no_grad():
+        for norm in (attn.q_norm, attn.k_norm):
+            norm.weight.normal_(1.0, 0.3)
+    b, ctx_len, q_len, d = 1, 6, 8, attn.head_dim
+    x, ctx = torch.randn(b, q_len, attn.q_proj.in_features), torch.randn(b, ctx_len, attn.q_proj.in_features)
+    positions = torch.arange(ctx_len + q_len)[None]
+    mask = torch.ones(b, 1, q_len, ctx_len + q_len, dtype=torch.bool)
+
+    def rope(t, pos):   # rotate-half RoPE, [b, L, heads, d]
+        inv = 1.0 / (attn_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        ang = torch.cat([pos[..., None] * inv] * 2, -1)[:, :, None]
+        return t * ang.cos() + torch.cat([-t[..., d // 2:], t[..., :d // 2]], -1) * ang.sin()
+
+    attn_theta = tiny_draft(target).config.rope_theta
+    def heads(t, n):
+        return t.view(b, -1, n, d)
+    q = rope(attn.q_norm(heads(attn.q_proj(x), attn.heads)), positions[:, ctx_len:]).transpose(1, 2)
+    k = torch.cat([rope(attn.k_norm(heads(attn.k_proj(z), attn.kv_heads)), p) for z, p in
+                   ((ctx, positions[:, :ctx_len]), (x, positions[:, ctx_len:]))], 1).transpose(1, 2)
+    v = torch.cat([heads(attn.v_proj(z), attn.kv_heads) for z in (ctx, x)], 1).transpose(1, 2)
+    expected = attn.o_proj(F.scaled_dot_product_attention(q, k, v, enable_gqa=True).transpose(1, 2).reshape(b, q_len, -1))
+    with torch.inference_mode():
+        cos, sin = rope_cos_sin(positions, d, attn_theta, torch.float32)
+        context = attn.key_value(ctx, (cos[:, :ctx_len], sin[:, :ctx_len]))
+        got = attn(x, (cos[:, ctx_len:], sin[:, ctx_len:]), context, mask)
+    assert torch.allclose(got, expected.detach(), atol=1e-5)
