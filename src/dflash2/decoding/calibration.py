@@ -1,11 +1,12 @@
 """The cost model's start-up calibration, stored per machine, target and dtype, and kept fresh.
 
 Contract: `calibrate_cached(costs, target, block)` -> `StoredCalibration` fills `costs` (a
-`CostModel`) with the start-up figures for this (machine, target, dtype, device, block): read
+`CostModel`) with the start-up figures for this (machine, target, precision, device, block): read
 from `cache_dir()/calibration/<key>.json` when an earlier run stored them less than `MAX_AGE_S`
 ago, else measured by `costs.calibrate(target, block)` and stored (atomically). The key covers
 the CPU model, usable cores, torch's thread count and version, the device (and GPU name), the
-target's config and a fingerprint of its first weights, the dtype and the block; a change in any
+target's config and a fingerprint of its first weights, the dtype and how a pass computes in it
+(the float32 LM head of a reduced-precision target, `--exact-verify`'s attention), and the block; a change in any
 is a fresh measurement, and so is `DFLASH2_RECALIBRATE=1` (`--recalibrate`).
 `StoredCalibration.refresh(costs)`: when `costs.stale()` (what this run observed disagrees with
 the calibration: costs.py), the observed figures replace the stored ones (atomically; the
@@ -53,6 +54,9 @@ def calibration_key(target, block: int) -> str:
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "config": model.config.to_json_string(use_diff=False), "weights": first.numpy().tobytes().hex(),
         "dtype": str(target.dtype), "block": block,
+        # how a pass computes at that precision: the float32 head (decoding.full_logits), query-by-query attention
+        "numerics": {"full_logits": bool(getattr(getattr(target, "full_logits", None), "active", False)),
+                     "exact_verify": bool(getattr(target, "exact_verify", False))},
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 

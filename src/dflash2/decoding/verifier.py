@@ -14,7 +14,8 @@ Contract:
   into the running batch (both parts left-padded to one width, so every row still ends at the
   right edge; the new rows come last). `step(ids)` runs `q` new tokens per row (q = 1 for
   autoregressive decoding, up to B for block verification). They return fp32 logits (the last
-  prompt position's [n, 1, V] for prefills, [b, q, V] for steps) and the tapped features
+  prompt position's [n, 1, V] for prefills, [b, q, V] for steps; a reduced-precision target's
+  LM head runs at float32 where it decides: `full_logits.FullLogits`) and the tapped features
   [.., n_taps * H] (outputs of decoder layers `target_layer_ids`, before the final norm, i.e. HF
   `hidden_states[l + 1]`).
 - `keep(counts)` keeps the first `counts[r]` of the last step's q tokens of row r and drops the
@@ -33,8 +34,15 @@ Contract:
   remaining row uses (full-attention layers), so a batch that keeps admitting rows stays as wide
   as its longest live row, not as the longest row it ever held.
 - `features(input_ids, attention_mask)` is the cache-free pass used by training.
+- `exact_verify=True` (`--exact-verify`, `decoding.exact_verify`): every step and tree pass
+  computes attention query by query as a one-token step does, and its products in chunks of at
+  most 32 rows (`targets.exact_attention`), so
+  where the device's products are batch-invariant a verify pass gives each position the bits a
+  plain step gives it, and greedy output equals plain decoding's at any precision.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -43,9 +51,11 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from dflash2.errors import require
 from dflash2.decoding import recurrent
+from dflash2.decoding.exact_verify import check_exact_verify
+from dflash2.decoding.full_logits import FullLogits
 from dflash2.decoding.kvcache import SlotLayer
 from dflash2.decoding.ragged import compaction_index, right_align, worth_compacting
-from dflash2.targets import grouped_attention
+from dflash2.targets import exact_attention, grouped_attention
 
 
 def _left_pad(tensor: torch.Tensor, slots: int) -> torch.Tensor:
@@ -64,11 +74,16 @@ def context_limit(text_config) -> int:
 
 
 class TargetAdapter:
-    def __init__(self, model, target_layer_ids: list[int] | None = None):
+    def __init__(self, model, target_layer_ids: list[int] | None = None, exact_verify: bool = False):
         self.model = model
-        grouped_attention.fold_transformers_attention(model)  # verification reads the KV cache in place
+        folded = grouped_attention.fold_transformers_attention(model)  # verification reads the KV cache in place
+        # float32 logits from a reduced-precision target (with --exact-verify, in batch-invariant chunks)
+        self.full_logits = FullLogits(model, exact_attention.CHUNK_ROWS if exact_verify else 1 << 30)
+        self.exact_verify = exact_verify
         self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.hybrid = recurrent.check_supported(model, self.config)
+        if exact_verify:
+            check_exact_verify(model, folded, self.hybrid)
         self.recurrent: list[recurrent.RecurrentLayer] = []
         self.layers = decoder_layers(model)
         self.target_layer_ids = list(target_layer_ids or [])
@@ -118,7 +133,7 @@ class TargetAdapter:
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, last_logits_only: bool = False,
                  attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         self._captured.clear()
-        with torch.inference_mode():
+        with torch.inference_mode(), self.full_logits.installed():
             out = self.model(input_ids=ids, attention_mask=self.mask if attention_mask is None else attention_mask,
                              position_ids=positions,
                              past_key_values=self.cache, use_cache=True,
@@ -208,7 +223,18 @@ class TargetAdapter:
         if self.recurrent and q > 1:  # capture each position's recurrent state for `keep`
             with recurrent.capturing():
                 return self._forward(ids, positions)
-        return self._forward(ids, positions)
+        with self._exactly():
+            return self._forward(ids, positions)
+
+    def _exactly(self):
+        """With `exact_verify`, the context of a decoding pass: attention query by query, products of
+        at most `exact_attention.CHUNK_ROWS` rows."""
+        if not self.exact_verify:
+            return contextlib.nullcontext()
+        both = contextlib.ExitStack()
+        both.enter_context(exact_attention.per_query())
+        both.enter_context(exact_attention.chunked_rows(self.model))
+        return both
 
     @property
     def supports_trees(self) -> bool:
@@ -229,7 +255,8 @@ class TargetAdapter:
         bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         bias = bias.masked_fill(~allowed, torch.finfo(self.dtype).min)                 # additive: eager and sdpa alike
         self.mask = F.pad(self.mask, (0, q), value=1)
-        return self._forward(ids, positions, attention_mask=bias)
+        with self._exactly():
+            return self._forward(ids, positions, attention_mask=bias)
 
     # ------------------------------------------------------------------ cache bookkeeping
     def keep(self, counts: torch.Tensor, q: int) -> None:

@@ -23,6 +23,10 @@ Contract:
   equal the existing manifest's, else a one-line `DFlash2Error`. Interrupting (Ctrl-C or SIGTERM)
   saves every finished record before exiting. The draft, batch size and shard size may change
   between runs (the draft is lossless); they are recorded per run in the manifest's `runs`.
+- `device` / `dtype` (`--device`, `--dtype`, default `auto`: `devices.resolve_precision`, or,
+  continuing a directory, the precision its records were made in) are checked before anything
+  loads and recorded: the target's dtype in the manifest's `target` (a field that must match on
+  every run), the device, the precision's reason and `--exact-verify` in each run's entry.
 - `main(argv)` is the command line (`dflash2 regenerate` calls it): returns 0, 2 on a user error
   (one line on stderr) or 130 when interrupted.
 """
@@ -42,7 +46,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dflash2.argparsing import OneLineParser
+from dflash2.argparsing import OneLineParser, add_device_arguments
 from dflash2.targets.chat import encode_prompt, stop_token_ids
 from dflash2.decoding.context import check_context, effective_block_size
 from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
@@ -186,7 +190,7 @@ def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_
                     max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                     stop_ids=(), batch_size: int = 16, seed: int = 0, draft=None, shard_size: int = 256,
                     run: dict | None = None, progress: bool = True, draft_label: str | None = None,
-                    deadline: float | None = None) -> dict:
+                    deadline: float | None = None, exact_verify: bool = False) -> dict:
     """Generate the responses of the prompts not yet stored in `out_dir` and store them (no new
     prompt starts after `deadline`, epoch seconds: what is left waits for the next run)."""
     check_settings(batch_size, max_new_tokens, temperature, top_p, top_k)
@@ -199,7 +203,7 @@ def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_
 
         draft = DFlash2DraftModel.from_pretrained(str(draft)).to(next(model.parameters()).device).eval()
     run = {**(run or {}), "batch_size": batch_size, "shard_size": shard_size, "draft": draft_label}
-    adapter = TargetAdapter(model, None if draft is None else draft.config.target_layer_ids)
+    adapter = TargetAdapter(model, None if draft is None else draft.config.target_layer_ids, exact_verify=exact_verify)
     try:
         decoder = SpeculativeDecoder(adapter, draft)
         with ShardWriter(out_dir, manifest_fields, shard_size=shard_size, run=run) as writer:
@@ -232,9 +236,11 @@ def check_settings(batch_size: int, max_new_tokens: int, temperature: float, top
 def regenerate(target: str, out_dir: str | Path, num_prompts: int, max_new_tokens: int = 256,
                temperature: float = 0.0, batch_size: int = 16, seed: int = 0, draft=None, shard_size: int = 256,
                prompts_source: str = "sharegpt", max_prompt_tokens: int = 512, top_p: float = 1.0,
-               top_k: int = 0, progress: bool = True) -> dict:
+               top_k: int = 0, progress: bool = True, device: str = "cpu", dtype: str = "auto",
+               exact_verify: bool = False) -> dict:
     """Regenerate the responses of `num_prompts` training prompts with `target` into `out_dir`.
     Every setting, the output directory and the draft are checked before the target loads."""
+    from dflash2.devices import settle
     from dflash2.data.shards import check_output_dir
     from dflash2.model.draft import DFlash2DraftModel
     from dflash2.pipeline import check_draft_fits
@@ -246,6 +252,8 @@ def regenerate(target: str, out_dir: str | Path, num_prompts: int, max_new_token
     require(isinstance(shard_size, int) and shard_size > 0, f"shard_size must be a positive integer, got {shard_size!r}")
     check_settings(batch_size, max_new_tokens, temperature, top_p, top_k)
     check_output_dir(out_dir)
+    device, precision = settle(device, stored_dtype(out_dir) if dtype == "auto" else dtype)
+    _say(f"target {target} on {device}, {precision.describe()}")
     draft_label = None if draft is None else str(draft)
     if isinstance(draft, (str, Path)):
         draft = DFlash2DraftModel.from_pretrained(draft)
@@ -255,7 +263,13 @@ def regenerate(target: str, out_dir: str | Path, num_prompts: int, max_new_token
     tokenizer = files.tokenizer
     prompts = encode_training_prompts(tokenizer, num_prompts, seed, prompts_source, max_prompt_tokens)
     check_fits_context(prompts, files, draft, max_new_tokens)
-    model = load_target_model(files)
+    if exact_verify:
+        from dflash2.decoding.exact_verify import check_plan
+
+        check_plan(target_text_config(files.config), device, precision.torch_dtype)
+    model = load_target_model(files, device, precision.torch_dtype)
+    if draft is not None:
+        draft = draft.to(device)
     stop_ids = stop_token_ids(tokenizer, model.config)
     template = getattr(tokenizer, "chat_template", None)
     fields = {
@@ -267,10 +281,22 @@ def regenerate(target: str, out_dir: str | Path, num_prompts: int, max_new_token
                                  f"{max_prompt_tokens} tokens"},
         "sampling": sampling_fields(max_new_tokens, temperature, top_p, top_k, stop_ids, template),
     }
-    run = {"num_prompts": num_prompts, "target_path": files.resolved, "torch_threads": torch.get_num_threads()}
+    run = {"num_prompts": num_prompts, "target_path": files.resolved, "torch_threads": torch.get_num_threads(),
+           "device": device, **precision.record(), "exact_verify": exact_verify}
     return generate_shards(model, prompts, out_dir, fields, max_new_tokens=max_new_tokens, temperature=temperature,
                            top_p=top_p, top_k=top_k, stop_ids=stop_ids, batch_size=batch_size, seed=seed,
-                           draft=draft, shard_size=shard_size, run=run, progress=progress, draft_label=draft_label)
+                           draft=draft, shard_size=shard_size, run=run, progress=progress, draft_label=draft_label,
+                           exact_verify=exact_verify)
+
+
+def stored_dtype(out_dir: str | Path) -> str:
+    """`--dtype auto` of a run that continues a directory: the precision its records were made in (one
+    data set, one precision: the manifest refuses a mix); a new directory: `auto`."""
+    try:
+        manifest = json.loads((Path(out_dir) / "manifest.json").read_text(encoding="utf-8"))
+        return str(manifest["target"]["dtype"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "auto"
 
 
 # --------------------------------------------------------------------------- command line
@@ -294,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--source", default="sharegpt", choices=tuple(TRAINING_SOURCES),
                         help="training prompt source (default: sharegpt)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_device_arguments(parser)
     return parser
 
 
@@ -308,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         regenerate(args.target, args.out, args.num_prompts, max_new_tokens=args.max_new_tokens,
                    temperature=args.temperature, batch_size=args.batch_size, seed=args.seed, draft=args.draft,
                    shard_size=args.shard_size, prompts_source=args.source,
-                   max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress)
+                   max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress, device=args.device,
+                   dtype=args.dtype, exact_verify=args.exact_verify)
     except DFlash2Error as error:
         print(f"dflash2 regenerate: error: {error}", file=sys.stderr)
         return 2
