@@ -8,7 +8,7 @@
 # 2. `dflash2 bench` on CUDA, fp32, with the shipped draft: 2 datasets x 4 prompts x 32 tokens at
 #    concurrency 1 and 8, HF generate and prompt lookup beside it; results.json holds the lossless
 #    mismatch counts on this GPU.
-# 3. `python -m dflash2.eval.microbench` on CUDA with the target in float32 and in bfloat16: target
+# 3. `python -m dflash2.tools.profile.microbench` on CUDA with the target in float32 and in bfloat16: target
 #    forward of 1 vs 8 tokens, draft, selector, convs, engine vs HF generate tokens/s.
 # 4. The training tests (their device is `auto`, i.e. CUDA here; the 2-process gloo DDP test is CPU
 #    only and left out). Extra pytest options (e.g. a --deselect) go in PYTEST_ADDOPTS.
@@ -47,7 +47,7 @@ step bench 240 "$py" -m dflash2.cli bench --target "$target" --draft "$draft" --
   --datasets gsm8k,mt-bench --num-prompts 4 --max-new-tokens 32 --concurrency 1,8 --peers hf,pld \
   --output "$out/bench"
 for dtype in float32 bfloat16; do
-  step "micro-$dtype" 180 "$py" -m dflash2.eval.microbench --target "$target" --draft "$draft" --device cuda \
+  step "micro-$dtype" 180 "$py" -m dflash2.tools.profile.microbench --target "$target" --draft "$draft" --device cuda \
     --dtype "$dtype" --json "$out/microbench-$dtype.json"
 done
 step training 240 "$py" -m pytest -p no:cacheprovider -q $(ls tests/test_training_*.py | grep -v _ddp)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# BENCHMARKS.md §7: the cycle profile and always-vs-auto benches of one code version.
+# BENCHMARKS.md §7.1 and §11.2: the cycle profile and always-vs-auto benches of one code version.
 # usage: scripts/never_slower.sh OUT [DRAFT ...]   (default drafts: the shipped one)
 # Run it from the checkout to measure (for "before", from a worktree of the older commit), with
 # nothing else running: it times things. `auto` runs decode the prompts REPEATS times (default 3,
@@ -13,7 +13,7 @@ repeats=${REPEATS:-3}
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 PYTHONPATH="$PWD/src"
 common=(--threads 2 --datasets gsm8k --num-prompts 32 --max-new-tokens 32 --proposer draft)
-$py -m dflash2.eval.cycles --threads 2 --batch 1,8,32 --new-tokens 32 --json "$out/cycles.json" > "$out/cycles.md"
+$py -m dflash2.tools.profile.cycles --threads 2 --batch 1,8,32 --new-tokens 32 --json "$out/cycles.json" > "$out/cycles.md"
 for draft in "${drafts[@]}"; do
   name=$(basename "$draft")
   $py -m dflash2.cli bench "${common[@]}" --concurrency 1,8,32 --draft "$draft" --speculate always \

@@ -21,22 +21,32 @@ import sys
 import time
 
 from dflash2.data.prompts import load_conversations
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.policy import SpeculationPolicy
 from dflash2.pipeline import load_decoder
 from dflash2.targets.chat import encode_messages
 
 GROUNDED = "src/dflash2/data/benchmarks/grounded.jsonl"
 
 
-def make(variant: str, proposer: str, target, draft) -> SpeculativeDecoder:
-    if variant == "never":
-        return SpeculativeDecoder(target)
-    if variant == "lookup":
-        return SpeculativeDecoder(TargetAdapter(target.model), proposer="lookup")
-    if variant in ("draft", "hybrid"):
-        return SpeculativeDecoder(target, draft, proposer=variant)
-    return SpeculativeDecoder(target, draft, speculate="always" if variant == "always" else "auto", proposer=proposer)
+class NoFallback(SpeculationPolicy):
+    """`auto` whose draft pass never stops: a fallback the evidence starts is called off at once."""
+
+    def observe(self, record) -> None:
+        super().observe(record)
+        self.fallback = self.fallback.cancel()
+
+
+def make(variant: str, proposer: str, decoder: SpeculativeDecoder) -> SpeculativeDecoder:
+    """`variant` as a sibling of `decoder` (the target with its draft); nothing learnt of the proposers."""
+    if variant in ("never", "always"):
+        return decoder.variant(proposer, speculate=variant)
+    if variant in ("draft", "lookup", "hybrid"):
+        return decoder.variant(variant, speculate="auto")
+    sibling = decoder.variant(proposer, speculate="auto")
+    if variant == "nofallback":
+        sibling.policy = NoFallback("auto", sibling.policy.costs, sources=sibling.policy.settings.sources)
+    return sibling
 
 
 def main() -> int:
@@ -50,8 +60,7 @@ def main() -> int:
     args = p.parse_args()
     variants, sets = args.variants.split(","), args.sets.split(",")
     pipe = load_decoder("smollm2", proposer="hybrid")
-    target, draft = pipe.decoder.target, pipe.decoder.draft
-    decoders = {v: make(v, args.proposer, target, draft) for v in variants}
+    decoders = {v: make(v, args.proposer, pipe.decoder) for v in variants}
     convs = load_conversations([s for s in sets if s != "grounded"], args.start + args.prompts,
                                [GROUNDED] if "grounded" in sets else None)
     prompts = [(name, encode_messages(pipe.tokenizer, [{"role": "user", "content": c.turns[0]}]))
@@ -59,9 +68,9 @@ def main() -> int:
     config = GenerationConfig(max_new_tokens=args.tokens, temperature=0.0, stop_token_ids=pipe.stop_token_ids)
     for variant, decoder in decoders.items():   # untimed warm-up, then nothing learnt of the draft
         decoder.generate([prompts[0][1]], GenerationConfig(max_new_tokens=8))
-        decoder.policy = decoder.policy.fresh()
+        decoders[variant] = fresh = decoder.variant()
         if variant == "nofallback":
-            decoder.policy._fall_back = lambda b: None
+            fresh.policy = NoFallback("auto", fresh.policy.costs, sources=fresh.policy.settings.sources)
     rows: dict[str, dict[str, list[tuple]]] = {v: {} for v in variants}
     for i, (name, ids) in enumerate(prompts):
         turn, outputs = i % len(variants), {}

@@ -15,7 +15,7 @@ import statistics
 import time
 
 from dflash2.data.prompts import load_conversations
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.pipeline import load_decoder
 from dflash2.targets.chat import encode_messages
 from dflash2.targets.grouped_attention import stock_attention
@@ -30,11 +30,10 @@ def main() -> None:
     args = parser.parse_args()
 
     pipe = load_decoder("smollm2", proposer="hybrid", implementation="transformers")
-    target, draft, model = pipe.decoder.target, pipe.decoder.draft, pipe.decoder.target.model
+    model = pipe.decoder.target.model
     conversations = load_conversations([args.set], args.batch * args.reps)[args.set]
     config = GenerationConfig(max_new_tokens=args.tokens, temperature=0.0, stop_token_ids=pipe.stop_token_ids)
-    decoders = {"plain": lambda: SpeculativeDecoder(target),
-                "hybrid": lambda: SpeculativeDecoder(target, draft, proposer="hybrid")}
+    decoders = {"plain": lambda: pipe.decoder.variant(speculate="never"), "hybrid": lambda: pipe.decoder.variant()}
     arms = [(decoder, kernel) for decoder in decoders for kernel in ("stock", "folded")]
     seconds = {arm: [] for arm in arms}
     outputs = {}

@@ -14,10 +14,11 @@ import torch
 
 import random
 
-from dflash2.decoding.engine import SpeculativeDecoder
-from dflash2.decoding.cycle import Choice, CyclePlan
+from dflash2.decoding.loop.engine import SpeculativeDecoder
+from dflash2.decoding.policy.cycle import Choice, CyclePlan
 from dflash2.decoding.policy import SpeculationPolicy
-from dflash2.decoding.proposer import Proposal
+from dflash2.decoding.policy.chooser import choose
+from dflash2.decoding.proposers.draft import Drafter, Proposal
 from dflash2.targets.tiny import tiny_draft, tiny_target
 
 TEST_DEVICE = torch.device(os.environ.get("DFLASH2_TEST_DEVICE", "cpu"))
@@ -49,24 +50,20 @@ class OracleProposer:
 
 
 class OracleDecoder(SpeculativeDecoder):
-    """Decodes with an oracle proposer that knows each prompt's reference continuation."""
+    """Decodes with an oracle proposer (its `drafter`) that knows each prompt's reference continuation;
+    `proposer="hybrid"`: beside lookup."""
 
-    custom_proposer = True
-
-    def __init__(self, target, prompts, outputs, block_size, wrong=False, speculate="always"):
-        super().__init__(target, None, speculate=speculate)
+    def __init__(self, target, prompts, outputs, block_size, wrong=False, speculate="always", proposer=None):
+        super().__init__(target, None, speculate=speculate, proposer=proposer,
+                         drafter=Drafter(block_size, lambda stopwatch: self.new_oracle()))
         self.reference = {tuple(p): p + o for p, o in zip(prompts, outputs)}
         self.wrong = wrong
-        self.fixed_block = block_size
 
     def generate(self, prompts, config):
         self.oracle = OracleProposer([self.reference[tuple(p)] for p in prompts], self.target.vocab_size, self.wrong)
         return super().generate(prompts, config)
 
-    def block_size(self, config):
-        return self.fixed_block
-
-    def new_proposer(self, stopwatch):
+    def new_oracle(self):
         return self.oracle
 
 
@@ -79,10 +76,11 @@ class RandomLengthPolicy(SpeculationPolicy):
         super().__init__("auto")
         self.random = random.Random(seed)
 
-    def plan(self, b):
-        return CyclePlan(draft=self.random.random() >= 0.2)
+    def prepare(self, b, offer, block, can_draft=True):
+        draft = self.random.random() >= 0.2 and can_draft and block > 1
+        return CyclePlan(draft, chooser=lambda offer, seconds: self.choose(b, offer, block))
 
-    def choose(self, b, offer, block, probe=False):
+    def choose(self, b, offer, block):
         k, sources, lengths = self.random.randrange(block), [], []
         for r in range(b):
             offered = [(name, len(c[r])) for name, c in offer.sources() if c[r]]
@@ -90,6 +88,14 @@ class RandomLengthPolicy(SpeculationPolicy):
             sources.append(name if min(k, n) else "")
             lengths.append(min(k, n))
         return Choice(max(lengths, default=0), 0.0, 0.0, tuple(sources), tuple(lengths))
+
+
+def policy_choice(policy: SpeculationPolicy, b: int, offer, block: int = 8, probe: bool = False,
+                  draft_seconds: float | None = None) -> Choice:
+    """What `policy`, as it stands, chooses for `offer` (`chooser.choose`: a pure function of its tables,
+    costs and settings)."""
+    return choose(policy.tables, policy.costs, policy.settings, b, block, probe, policy.lookup_probes, offer,
+                  draft_seconds)
 
 
 def with_speculation(decoder, mode: str):
@@ -123,7 +129,7 @@ def tiny_models():
 
 @pytest.fixture(scope="session", autouse=True)
 def private_cache(tmp_path_factory):
-    """Every cache dflash2 writes (`dflash2.cache.cache_dir()`: converted built-in targets, stored
+    """Every cache dflash2 writes (`dflash2.files.cache.cache_dir()`: converted built-in targets, stored
     cost-model calibrations) lives, for the whole session, in one temporary directory: no test
     writes into the user's `~/.cache/dflash2` (or a `$DFLASH2_CACHE` the user set), and the
     subprocesses the tests start inherit it. A test that wants an empty cache points

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.pipeline import Pipeline
 from dflash2.serve.command import bind, make_server, url_of
 from dflash2.serve.settings import ServeSettings
@@ -104,12 +104,14 @@ def reference(decoder, prompt_ids: list[int], max_tokens: int, stop_token_ids=()
     return result.tokens
 
 
-def start_server_process(tmp_path: Path, *options: str, api_key: str = "from-env") -> tuple[subprocess.Popen, str]:
-    """A real `dflash2 serve --tiny` process on a free port (log in tmp_path/serve.log), healthy."""
+def start_server_process(tmp_path: Path, *options: str, api_key: str = "from-env",
+                         tiny: bool = True) -> tuple[subprocess.Popen, str]:
+    """A real `dflash2 serve` process (`--tiny` unless `tiny=False`: then `options` name the target)
+    on a free port (log in tmp_path/serve.log), healthy."""
     log = open(tmp_path / "serve.log", "w+")
     env = dict(os.environ, HF_HUB_OFFLINE="1", DFLASH2_API_KEY=api_key)
-    proc = subprocess.Popen([sys.executable, "-m", "dflash2.cli", "serve", "--tiny", "--port", "0", *options],
-                            stderr=log, stdout=log, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "dflash2.cli", "serve", *(["--tiny"] if tiny else []), "--port", "0",
+                             *options], stderr=log, stdout=log, env=env)
     deadline = time.time() + 90
     url = None
     while url is None:
@@ -126,3 +128,17 @@ def start_server_process(tmp_path: Path, *options: str, api_key: str = "from-env
             pass
         assert time.time() < deadline
         time.sleep(0.1)
+
+
+def stream_tokens(api, model: str, prompt: str, max_tokens: int, barrier: threading.Barrier, after: int):
+    """A streamed completion's token ids and final finish reason, waiting at `barrier` once `after`
+    chunks have come (so several streams are known to be running at once)."""
+    chunks = api.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, stream=True,
+                                    extra_body={"return_token_ids": True})
+    tokens, reasons = [], []
+    for n, chunk in enumerate(chunks):
+        tokens += chunk.choices[0].token_ids or []
+        reasons.append(chunk.choices[0].finish_reason)
+        if n == after:
+            barrier.wait(timeout=60)
+    return tokens, reasons[-1]

@@ -7,8 +7,8 @@ import json
 import torch
 
 from dflash2.cli import main
-from dflash2.decoding.engine import DecodeSession, GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import DecodeSession, GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.eval.audit import NEAR_TIE_BOUNDS, Reference, audit, classify, first_divergence
 from dflash2.targets.tiny import tiny_draft, tiny_target
 from matrix_util import template, work  # noqa: F401 (fixtures)

@@ -8,9 +8,9 @@ import pytest
 
 from dflash2.cli import main
 from dflash2.model.config import DFlash2Config
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.errors import DFlash2Error
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.targets.tiny import tiny_draft, tiny_target
 from test_checkpoint import QWEN38_27B_DRAFT
 

@@ -145,7 +145,7 @@ CASES = {
         Case((*G, "--target", "target-junk"), "target-junk"),
         Case((*G, "--target", "afile.txt"), "unknown target 'afile.txt'"),
         Case((*G, "--target", "no/such-model"), "'no/such-model'"),
-        Case((*G, *T, "--no-draft"), "interrupted", 130, _interrupt("dflash2.decoding.engine:SpeculativeDecoder.decode_events"),
+        Case((*G, *T, "--no-draft"), "interrupted", 130, _interrupt("dflash2.decoding.loop.engine:SpeculativeDecoder.decode_events"),
              loads=True, chatter="#"),
     ],
     "init-draft": [
@@ -169,11 +169,11 @@ CASES = {
         Case(("init-draft", *T, "--out", "loop-a/sub"), "'loop-a' is a symbolic link that leads nowhere"),
         Case(("init-draft", "--target", "nosuch", "--out", "new"), "unknown target 'nosuch'"),
         Case(("init-draft", "--target", "target-junk", "--out", "new"), "target-junk"),
-        Case(("init-draft", *T, "--out", "new"), "interrupted", 130, _interrupt("dflash2.tensorfiles:save_file")),
+        Case(("init-draft", *T, "--out", "new"), "interrupted", 130, _interrupt("dflash2.files.weights:save_file")),
         Case(("init-draft", *T, "--out", "project", "--force"), "interrupted", 130,
-             _interrupt("dflash2.tensorfiles:save_file")),
+             _interrupt("dflash2.files.weights:save_file")),
         Case(("init-draft", *T, "--out", "new"), "No space left on device", 2,
-             _interrupt("dflash2.tensorfiles:save_file", DISK_FULL)),
+             _interrupt("dflash2.files.weights:save_file", DISK_FULL)),
     ],
     "convert-target": [
         Case(("convert-target",), "name"),
@@ -243,11 +243,16 @@ CASES = {
         Case(("regenerate", "--out", "new", "--num-prompts", "2", "--draft", "draft-trunc"), "draft-trunc"),
         Case(("regenerate", *T, "--out", "new", "--num-prompts", "2", "--draft", "draft-other"), "made for"),
         Case(("regenerate", "--target", "target-junk", "--out", "new", "--num-prompts", "2"), "target-junk"),
+        Case(("regenerate", "--out", "new", "--prompts", "trunc.jsonl"), "trunc.jsonl:2: this line is not valid JSON"),
+        Case(("regenerate", "--out", "new", "--prompts", "nonutf8.txt"), "cannot read prompt file"),
+        Case(("regenerate", "--out", "new", "--prompts", "missing.jsonl"), "prompt file not found"),
+        Case(("regenerate", "--out", "new", "--num-prompts", "2", "--endpoint", "ftp://x"), "--endpoint must be an http"),
+        Case(("regenerate", "--out", "new", "--num-prompts", "2", "--off-policy"), "--off-policy stores the answers"),
         Case(("regenerate", *T, "--source", "synthetic", "--out", "new", "--num-prompts", "2", "--max-new-tokens",
               "100000"), "--max-new-tokens 100000: the longest prompt does not fit"),
         Case(("regenerate", *T, "--source", "synthetic", "--out", "new", "--num-prompts", "2", "--no-progress",
               "--max-new-tokens", "16"), "interrupted; finished records are saved", 130,
-             _interrupt("dflash2.decoding.engine:DecodeSession.step"), loads=True, writes=True,
+             _interrupt("dflash2.decoding.loop.engine:DecodeSession.step"), loads=True, writes=True,
              chatter="dflash2 regenerate: "),
     ],
     "bench": [
@@ -298,6 +303,20 @@ CASES = {
         Case(("export", "draft-trunc", "--to", "dflash2", "--out", "new"), "draft-trunc"),
         Case(("export", "draft", "--to", "dflash2", "--out", "new"), "interrupted", 130,
              _interrupt("dflash2.export.exporter:write_checkpoint")),
+    ],
+    "acceptance": [
+        Case(("acceptance", "--engines", "dflash2,nosuch"), "--engines: unknown engine 'nosuch'"),
+        Case(("acceptance", "--dtypes", "int8"), "--dtypes: unknown precision 'int8'"),
+        Case(("acceptance", "--llama-types", "q2_k"), "--llama-types: unknown type 'q2_k'"),
+        Case(("acceptance", "--prompts", "0"), "--prompts"),
+        Case(("acceptance", "--draft", "missing"), "--draft 'missing'"),
+        Case(("acceptance", "--target-gguf", "missing.gguf"), "--target-gguf 'missing.gguf'"),
+        Case(("acceptance", "--llama-cpp", "missing"), "llama.cpp directory 'missing'"),
+        Case(("acceptance", "--out", "loop-a"), "'loop-a' is a symbolic link that leads nowhere"),
+        Case(("acceptance", "--out", "afile.txt/r.json"), "'afile.txt' is a file"),
+        Case(("acceptance", "--out", "afile.txt"), "--force"),
+        Case(("export", "draft", "--to", "gguf", "--out", "new", "--llama-cpp", "missing"),
+             "llama.cpp directory 'missing'"),
     ],
     "serve": [
         Case(("serve", "--port", "70000"), "--port"),
@@ -390,7 +409,7 @@ def test_subprocess_sigint_exits_130_with_one_line(work):
     code = ("import signal, sys, time\n"
             # a user's terminal delivers Ctrl-C; a test run started in the background inherits SIGINT ignored
             "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "from dflash2.decoding import engine\n"
+            "from dflash2.decoding.loop import engine\n"
             "def events(*args, **kwargs):\n"
             "    signal.raise_signal(signal.SIGINT)\n"   # to this thread: torch's threads cannot take it
             "    time.sleep(30)\n"                        # the handler runs here at the latest

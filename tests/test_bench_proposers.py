@@ -12,7 +12,7 @@ import json
 import pytest
 
 from dflash2.cli import main as cli_main
-from dflash2.decoding.engine import GenerationConfig
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.errors import DFlash2Error
 from dflash2.eval.bench import loading_proposer, run_sides
 from dflash2.pipeline import tiny_pipeline
@@ -80,7 +80,7 @@ class _Recorder:
         self.name, self.log = name, log
 
     def generate(self, prompts, config):
-        from dflash2.decoding.stats import BatchTiming, RowStats
+        from dflash2.decoding.loop.stats import BatchTiming, RowStats
 
         self.log.append(self.name)
         timing = BatchTiming()

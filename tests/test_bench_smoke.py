@@ -137,7 +137,7 @@ def test_bench_repeats_pair_every_batch_and_report_the_median_ratio(tmp_path):
 def test_speculation_overhead_weighs_drafted_tokens_at_the_plain_step_time():
     """Two rows, 10 plain steps of 0.1 s (20 tokens, 0.05 s a token) and speculative cycles that
     took 0.5 s for 4 tokens: plain steps would have taken 0.2 s for those, so 0.3 s of 1.5 s was lost."""
-    from dflash2.decoding.stats import BatchTiming, RowStats
+    from dflash2.decoding.loop.stats import BatchTiming, RowStats
     from dflash2.eval.bench_runs import speculation_overhead
 
     rows = [RowStats(8, new_tokens=1 + 10 + 2), RowStats(8, new_tokens=1 + 10 + 2)]
@@ -178,9 +178,9 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
 
 
 def test_cycle_profile_accounts_for_the_whole_cycle(capsys, tmp_path):
-    """`python -m dflash2.eval.cycles`: per-phase milliseconds add up to the cycle (plus "other"),
+    """`python -m dflash2.tools.profile.cycles`: per-phase milliseconds add up to the cycle (plus "other"),
     and the cycle is also expressed in plain decoding steps."""
-    from dflash2.eval import cycles
+    from dflash2.tools.profile import cycles
 
     out = tmp_path / "cycles.json"
     assert cycles.main(["--tiny", "--speculate", "always", "--batch", "1,3", "--new-tokens", "12", "--json", str(out)]) == 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash2.decoding.proposer import DraftProposer
+from dflash2.decoding.proposers.draft import DraftProposer
 from dflash2.model.mask import block_visibility
 from dflash2.targets.tiny import tiny_draft, tiny_target
 

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from dflash2.decoding.calibration import MAX_AGE_S
-from dflash2.decoding import costs as costs_module
-from dflash2.decoding.costs import CostModel
-from dflash2.decoding.engine import GenerationConfig, GenerationResult
+from dflash2.decoding.policy.calibration import MAX_AGE_S
+from dflash2.decoding.policy import costs as costs_module
+from dflash2.decoding.policy.costs import CostModel
+from dflash2.decoding.loop.engine import GenerationConfig, GenerationResult
 from dflash2.pipeline import load_decoder
 from dflash2.targets.chat import encode_prompt
 from matrix_util import template, work  # noqa: F401 (fixtures)

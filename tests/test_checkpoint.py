@@ -8,8 +8,8 @@ import torch
 
 from dflash2.model.config import DFlash2Config, default_target_layer_ids
 from dflash2.model.draft import DFlash2DraftModel
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.targets.tiny import tiny_draft
 
 QWEN38_27B_DRAFT = {
@@ -112,12 +112,12 @@ def test_save_is_atomic_when_writing_fails(tmp_path, tiny_models, monkeypatch):
     target, draft = tiny_models["llama"]
     draft.save_pretrained(tmp_path / "d")
     before = (tmp_path / "d" / "model.safetensors").read_bytes()
-    import dflash2.tensorfiles as tensorfiles
+    import dflash2.files.weights as weight_files
 
     def failing_save(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(tensorfiles, "save_file", failing_save)
+    monkeypatch.setattr(weight_files, "save_file", failing_save)
     for path in (tmp_path / "d", tmp_path / "new"):  # into an existing directory, and a new one
         with pytest.raises(OSError):
             draft.save_pretrained(path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash2.decoding.proposer import SAMPLED_DRAFT_TEMPERATURE, DraftProposer
+from dflash2.decoding.proposers.draft import SAMPLED_DRAFT_TEMPERATURE, DraftProposer
 from dflash2.targets.tiny import tiny_draft, tiny_target
 
 

@@ -7,7 +7,7 @@ import json
 import stat
 from pathlib import Path
 
-from dflash2.decoding.engine import GenerationConfig
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.eval import bench, engine_peers, peers
 from dflash2.targets.tiny import tiny_draft, tiny_target
 

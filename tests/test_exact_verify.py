@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.exact_verify import check_plan, linear_shapes
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier.exact import check_plan, linear_shapes
 from dflash2.errors import DFlash2Error
 from dflash2.pipeline import load_decoder
 from dflash2.targets.chat import encode_prompt
@@ -90,7 +90,7 @@ def test_the_cli_refuses_exact_verify_where_it_cannot_hold_before_loading(monkey
     from dflash2.cli import main
 
     monkeypatch.setattr(pipeline, "load_target_model", lambda *a, **k: pytest.fail("the target loaded"))
-    monkeypatch.setattr("dflash2.decoding.exact_verify.exact_attention.batch_invariant",
+    monkeypatch.setattr("dflash2.decoding.verifier.exact.exact_attention.batch_invariant",
                         lambda *a, **k: (False, "a 576 x 576 float32 product of 2 rows"))
     assert main(["generate", "--prompt", "hi", "--exact-verify", "--dtype", "float32"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

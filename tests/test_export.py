@@ -12,8 +12,8 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
 from dflash2.cli import main
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.export import ExportSettings, export_draft
 from dflash2.export import gguf_format
 from dflash2.export.neutral import NEUTRAL_SELECTOR_RANK

@@ -1,12 +1,12 @@
-"""A reduced-precision target's logits at float32 where they decide (decoding.full_logits)."""
+"""A reduced-precision target's logits at float32 where they decide (decoding.verifier.full_logits)."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from dflash2.decoding.full_logits import FullLogits
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.verifier.full_logits import FullLogits
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.targets.exact_attention import batch_invariant
 from dflash2.targets.tiny import tiny_target
 

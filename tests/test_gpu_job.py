@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.errors import DFlash2Error
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.targets.tiny import tiny_target

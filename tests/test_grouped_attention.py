@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.targets import grouped_attention
 from dflash2.targets.grouped_attention import fold_queries, folded_attention, stock_attention
 from dflash2.targets.tiny import tiny_target
@@ -72,7 +72,7 @@ def _verifier_passes(adapter: TargetAdapter, trees: bool) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma3", "qwen3_5", "qwen3_next"])
 def test_transformers_targets_verify_the_same_through_the_fold(family, monkeypatch):
-    model = tiny_target(family, num_layers=4)
+    model = tiny_target(family, num_layers=4)            # loaded for decoding: `kernels.use_kernels`
     adapter = TargetAdapter(model, [1, 3])
     assert model.config._attn_implementation == grouped_attention.NAME
     calls = []

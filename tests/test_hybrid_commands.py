@@ -17,11 +17,12 @@ from transformers import AutoModelForCausalLM
 
 from dflash2.cli import main
 from dflash2.data.shards import load_manifest, read_records
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
-from dflash2.eval import rollback
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier.adapter import TargetAdapter
+from dflash2.tools.profile import rollback
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel
+from dflash2.targets.kernels import use_kernels
 from dflash2.targets.tiny import tiny_target
 from matrix_util import tiny_tokenizer, train_config, write_shards
 from test_export import _tokenizer_gguf
@@ -104,7 +105,7 @@ def test_train_yardstick_bench_export(workplace, capsys, monkeypatch):
         assert main(["export", str(final), "--to", form, "--out", str(workplace / f"export-{form}"),
                      "--target", str(workplace / "target"), *extra]) == 0
     exported = DFlash2DraftModel.from_pretrained(workplace / "export-dflash2").eval()
-    target = AutoModelForCausalLM.from_pretrained(workplace / "target", dtype=torch.float32).eval()
+    target = use_kernels(AutoModelForCausalLM.from_pretrained(workplace / "target", dtype=torch.float32).eval())
     decoder = SpeculativeDecoder(TargetAdapter(target, exported.config.target_layer_ids), exported, speculate="always")
     prompt = [1, 11, 8, 15, 15, 18]
     assert decoder.generate([prompt], GenerationConfig(max_new_tokens=16))[0].tokens == hf_greedy(target, prompt, 16)
@@ -118,7 +119,7 @@ def test_train_yardstick_bench_export(workplace, capsys, monkeypatch):
 
 
 def test_rollback_cost_runs_on_the_hybrid(workplace, capsys):
-    """`python -m dflash2.eval.rollback`: one row per batch size, the target named as a hybrid."""
+    """`python -m dflash2.tools.profile.rollback`: one row per batch size, the target named as a hybrid."""
     out = workplace / "rollback.json"
     assert rollback.main(["--target", str(workplace / "target"), "--batch", "1,2", "--block", "4", "--repeats", "1",
                           "--json", str(out)]) == 0

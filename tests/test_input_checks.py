@@ -41,7 +41,7 @@ def test_no_draft_has_a_name_in_the_python_api(work):
 
 def test_a_first_regenerate_run_that_fails_leaves_no_manifest(work, capsys, monkeypatch):
     """A failure before any record is stored leaves nothing, so the corrected rerun is not refused."""
-    from dflash2.decoding.engine import DecodeSession
+    from dflash2.decoding.loop.engine import DecodeSession
 
     real = DecodeSession.step
 

@@ -11,12 +11,12 @@ import random
 import pytest
 import torch
 
-from conftest import TEST_DEVICE, OracleDecoder, OracleProposer
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.cycle import LATTICE, Choice, CyclePlan, CycleRecord, Offer
+from conftest import TEST_DEVICE, OracleDecoder, OracleProposer, policy_choice
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.policy.cycle import LATTICE, Choice, CyclePlan, CycleRecord, Offer
 from dflash2.decoding.policy import SpeculationPolicy
-from dflash2.decoding.proposer import Proposal
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.proposers.draft import Proposal
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.model.selector import SecondPath
 from dflash2.targets.tiny import tiny_draft, tiny_target
 from test_lookup import NEW_TOKENS, VOCAB, reference
@@ -26,7 +26,7 @@ from test_tree import _policy as tree_policy
 # ---------------------------------------------------------------------- pricing and calibration
 def _policy(per_token: float) -> SpeculationPolicy:
     policy = tree_policy(per_token)            # the draft calibrated: right as often as it is confident
-    policy._table(LATTICE).counts[True] = [[10.0 * i + 5.0, 100.0] for i in range(10)]   # the lattice likewise
+    policy.tables.lattice.counts[True] = [[10.0 * i + 5.0, 100.0] for i in range(10)]   # the lattice likewise
     return policy
 
 
@@ -36,18 +36,18 @@ SECOND = [0.95, 0.45] + [0.95] * 5    # where its lattice's runner-up is about a
 
 def test_the_policy_verifies_the_lattice_branch_when_width_is_cheap_and_not_when_dear():
     offer = Offer.of([True], draft=[MAIN], lattice=[SECOND], forks=[1])
-    cheap = _policy(1e-5).choose(1, offer, 8)
-    assert cheap.sources == ("tree",) and cheap.seconds == (LATTICE,)
+    cheap = policy_choice(_policy(1e-5), 1, offer, 8)
+    assert cheap.sources == ("tree",) and cheap.second_sources == (LATTICE,)
     n_draft, n_second = cheap.branches[0]
     assert n_draft > 1 and n_second > 1 and cheap.lengths[0] == n_draft + n_second - 1   # the fork's prefix once
-    dear = _policy(0.010).choose(1, offer, 8)
+    dear = policy_choice(_policy(0.010), 1, offer, 8)
     assert dear.sources == ("draft",) and not dear.branches
 
 
 def test_sampled_rows_are_never_offered_the_lattice():
     offer = Offer.of([True, False], draft=[MAIN] * 2, lattice=[SECOND] * 2, forks=[1, 1])
     assert offer.forks == [1, None]
-    choice = _policy(1e-5).choose(2, offer, 8)
+    choice = policy_choice(_policy(1e-5), 2, offer, 8)
     assert choice.sources[0] == "tree" and choice.sources[1] != "tree"
 
 
@@ -57,14 +57,14 @@ def test_the_lattice_is_calibrated_from_its_fork_on_and_only_when_reached():
     choice = Choice(7, 0.0, 0.0, ("tree",), (7,), ((4, 4),), (LATTICE,))
 
     def reached(accepted_second: int) -> float:
-        before = sum(n for _, n in policy.lattice_acceptance.counts[True])
-        policy.observe(CycleRecord(1, offer, choice, True, False, [7], [max(1, accepted_second)], 8,
+        before = sum(n for _, n in policy.tables.lattice.counts[True])
+        policy.observe(CycleRecord(1, offer, CyclePlan(True), choice, True, [7], [max(1, accepted_second)], 8,
                                    branch_accepted={0: (1, accepted_second)}))
-        return sum(n for _, n in policy.lattice_acceptance.counts[True]) - before
+        return sum(n for _, n in policy.tables.lattice.counts[True]) - before
 
     assert reached(0) == 0              # the shared first token was rejected: the branch was not reached
     assert reached(3) == 3              # its nodes 2..4 (3 of them) were reached; 2 accepted, the 4th rejected
-    table = policy.lattice_acceptance.counts[True]
+    table = policy.tables.lattice.counts[True]
     assert table[3] == [35.0 + 1.0, 101.0]            # the runner-up at the fork (0.35): accepted once
 
 
@@ -104,10 +104,10 @@ class LatticePolicy(SpeculationPolicy):
         super().__init__("always")
         self.random = random.Random(seed)
 
-    def plan(self, b):
-        return CyclePlan(draft=True)
+    def prepare(self, b, offer, block, can_draft=True):
+        return CyclePlan(can_draft and block > 1, chooser=lambda offer, seconds: self.choose(b, offer))
 
-    def choose(self, b, offer, block, probe=False):
+    def choose(self, b, offer):
         lengths, branches = [], []
         for r in range(b):
             t_len, fork = len(offer.draft[r]), offer.forks[r]
@@ -123,7 +123,7 @@ class LatticeDecoder(OracleDecoder):
         self.seed, self.main_right = seed, []
         self.policy = LatticePolicy(seed)
 
-    def new_proposer(self, stopwatch):
+    def new_oracle(self):
         self.seed += 1
         return LatticeProposer(self.oracle.sequences, self.target.vocab_size, self.main_right, self.seed)
 

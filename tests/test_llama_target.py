@@ -15,9 +15,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 from transformers.cache_utils import DynamicCache
 
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.tree import pack_tree
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.proposers.tree import pack_tree
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.errors import DFlash2Error
 from dflash2.targets import builtin, llama
 from dflash2.training.regenerate import config_sha256, target_fields
@@ -177,7 +177,7 @@ def test_the_default_start_up_skips_transformers_llama_modules(smollm2_cache):
 
 
 def test_a_target_without_a_trained_draft_gets_lookup_by_default(tmp_path, smollm2_cache):
-    """An untrained draft cannot pay (tau 1.0), lookup can (BENCHMARKS.md section 8): that is the
+    """An untrained draft cannot pay (tau 1.0), lookup can (BENCHMARKS.md sections 1 and 7.1): that is the
     default for a target no trained draft ships for; asking for the draft still gives one."""
     from dflash2.pipeline import prepare_decoder
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from conftest import TEST_DEVICE, OracleDecoder, with_speculation
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.lookup import LookupProposer, Match, NgramIndex, SuffixStore, lookup_confidence
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.proposers.lookup import LookupProposer, Match, NgramIndex, SuffixStore, lookup_confidence
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.errors import DFlash2Error
 from dflash2.targets.tiny import tiny_draft, tiny_target
 
@@ -247,8 +247,8 @@ def test_generate_runs_a_fixed_batch_and_a_session_an_open_one(tiny_models):
     a session that may take requests later does not, and refuses none of them."""
     decoder = decoder_for(tiny_models, "llama", "lookup", "auto")
     seen = []
-    choose = decoder.policy.choose
-    decoder.policy.choose = lambda b, offer, *args: seen.append(offer.remaining) or choose(b, offer, *args)
+    prepare = decoder.policy.prepare
+    decoder.policy.prepare = lambda b, offer, *args, **kw: seen.append(offer.remaining) or prepare(b, offer, *args, **kw)
     prompts = [[1, 2, 3, 1, 2], [4, 5, 4, 5]]
     decoder.generate(prompts, GenerationConfig(max_new_tokens=6))
     assert seen[0] == [5, 5] and all(r is not None for r in seen)      # the prefill's token is committed

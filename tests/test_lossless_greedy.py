@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from conftest import MODES, OracleDecoder, with_speculation
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.targets.tiny import tiny_draft
 
 NUM_PROMPTS = 32

@@ -9,16 +9,20 @@ tokens gives.
 """
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
 
 from conftest import TEST_DEVICE, OracleDecoder, OracleProposer, with_speculation
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.proposer import Proposal
-from dflash2.decoding.recurrent import RecurrentLayer, delta_rule_block
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.proposers.draft import Proposal
+from dflash2.decoding.verifier.recurrent import RecurrentLayer
+from dflash2.targets.delta_rule import delta_rule_block
+from dflash2.targets.kernels import use_kernels
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.errors import DFlash2Error
 from dflash2.targets.tiny import HYBRID_FAMILIES, tiny_config, tiny_draft, tiny_target
 from test_lossless_greedy import run_batched
@@ -279,10 +283,24 @@ def test_text_part_of_the_multimodal_model(hybrids):
         for param in model.parameters():
             if param.dim() == 2:
                 param.normal_(0.0, 0.25)
+    use_kernels(model)                                   # built here, not loaded by dflash2.targets
     _, _, prompts, _ = hybrids["qwen3_5"]
     expected = [hf_greedy(model, p, 12) for p in prompts[:4]]
     decoder = OracleDecoder(TargetAdapter(model), prompts[:4], expected, 4)
     assert [r.tokens for r in decoder.generate(prompts[:4], GenerationConfig(max_new_tokens=12))] == expected
+
+
+def test_a_hybrid_target_not_prepared_for_decoding_is_refused(hybrids, monkeypatch):
+    """Without the capturing delta rule a verify pass would leave no trail to roll back with: the
+    adapter refuses the model, naming `use_kernels` (which every dflash2 load applies)."""
+    target = hybrids["qwen3_5"][0]
+    layer = target.config.layer_types.index("linear_attention")
+    module = sys.modules[type(target.model.layers[layer].linear_attn).__module__]
+    routed = module.torch_chunk_gated_delta_rule
+    monkeypatch.setattr(module, "torch_chunk_gated_delta_rule", routed.original)
+    with pytest.raises(DFlash2Error, match=r"not prepared for decoding.*use_kernels"):
+        TargetAdapter(target)
+    assert TargetAdapter(use_kernels(target)).hybrid and module.torch_chunk_gated_delta_rule is not routed.original
 
 
 def test_other_recurrent_layers_are_refused_naming_the_type(hybrids):

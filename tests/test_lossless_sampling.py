@@ -18,11 +18,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import dflash2.decoding.engine as engine_module
-from dflash2.decoding.acceptance import sample_accept
-from dflash2.rng import sample_from
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
+import dflash2.decoding.loop.engine as engine_module
+from dflash2.decoding.loop.acceptance import sample_accept
+from dflash2.runtime.rng import sample_from
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.targets.tiny import tiny_draft, tiny_target
 from conftest import TEST_DEVICE, with_speculation
 
@@ -192,20 +192,28 @@ def test_the_test_rejects_broken_rules_for_lookup(models, monkeypatch, broken_ru
     assert pvalue < ALPHA, f"broken rule {broken_rule.__name__} was not detected with lookup (p = {pvalue:.2e})"
 
 
+def _shared_batch(decoder, setting: dict, seed: int, greedy_prompt: list[int]):
+    """SAMPLES sampled rows of PROMPT and 64 greedy rows of `greedy_prompt` decoded in one session ->
+    (sampled keys, greedy keys, key -> result)."""
+    session = decoder.session()
+    sampled = session.add([PROMPT] * SAMPLES, GenerationConfig(max_new_tokens=3, seed=seed, **setting))
+    greedy = session.add([greedy_prompt] * 64, GenerationConfig(max_new_tokens=3))
+    results = {}
+    while session:
+        for event in session.step():
+            if event.result is not None:
+                results[event.key] = event.result
+    return sampled, greedy, results
+
+
 def test_greedy_and_sampled_rows_share_a_batch(models):
     """Rows with different settings in one batch (as the server runs them): the greedy rows are the
     target's greedy output, the sampled rows follow the processed distribution exactly."""
     target, draft = models
     setting = SETTINGS[1]
     decoder = with_speculation(SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft), "random")
-    session = decoder.session()
-    sampled = session.add([PROMPT] * SAMPLES, GenerationConfig(max_new_tokens=3, seed=11, **setting))
-    greedy = session.add([PROMPT] * 64, GenerationConfig(max_new_tokens=3))
-    results = {}
-    while session:
-        for event in session.step():
-            if event.result is not None:
-                results[event.key] = event.result.tokens
+    sampled, greedy, finished = _shared_batch(decoder, setting, 11, PROMPT)
+    results = {key: result.tokens for key, result in finished.items()}
     ids = torch.tensor([PROMPT], device=target.device)
     expected = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, min_new_tokens=3,
                                do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
@@ -264,14 +272,7 @@ def _rows_beside_trees(target, draft, setting, greedy_prompt):
 
     decoder = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft, proposer="hybrid")
     decoder.policy = TreePolicy(seed=5)
-    session = decoder.session()
-    sampled = session.add([PROMPT] * SAMPLES, GenerationConfig(max_new_tokens=3, seed=13, **setting))
-    greedy = session.add([greedy_prompt] * 64, GenerationConfig(max_new_tokens=3))
-    results = {}
-    while session:
-        for event in session.step():
-            if event.result is not None:
-                results[event.key] = event.result
+    sampled, greedy, results = _shared_batch(decoder, setting, 13, greedy_prompt)
     assert sum(results[k].stats.tree_cycles for k in greedy) > 0, "no tree was verified: the test does not test trees"
     triples = np.array([results[k].tokens for k in sampled])
     return triples[:, 0] * VOCAB * VOCAB + triples[:, 1] * VOCAB + triples[:, 2], [results[k].tokens for k in greedy]

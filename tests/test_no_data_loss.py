@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from dflash2.cli import main
-from dflash2.fileio import atomic_write, remove_stale_temporaries
+from dflash2.files.atomic import atomic_write, remove_stale_temporaries
 from dflash2.model.draft import DFlash2DraftModel
 from matrix_util import snapshot, template, work  # noqa: F401 (fixtures)
 
@@ -104,7 +104,7 @@ def test_stale_temporaries_match_only_our_pattern(tmp_path):
 def test_the_pattern_matches_what_atomic_writes_leave(tmp_path):
     """What a killed process leaves (the temporaries of atomic_directory / atomic_write) is exactly
     what the clean-up removes."""
-    from dflash2.fileio import atomic_directory
+    from dflash2.files.atomic import atomic_directory
 
     with pytest.raises(FileNotFoundError):  # the clean-up took the temporary away mid-write
         with atomic_directory(tmp_path / "step-00000009") as tmp:

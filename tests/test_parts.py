@@ -11,8 +11,8 @@ from dflash2.eval.parts import PACKAGE_DIR, PartStore, code_digest, run_fingerpr
 
 def test_the_fingerprint_covers_the_whole_package_not_only_the_bench():
     """The decoding policy decides the numbers as much as the bench code does: a part measured before
-    a change to `decoding/policy.py` must not be resumed after it (the digest once covered `eval/` only)."""
-    assert (PACKAGE_DIR / "decoding" / "policy.py").is_file()
+    a change to `decoding/policy/` must not be resumed after it (the digest once covered `eval/` only)."""
+    assert (PACKAGE_DIR / "decoding" / "policy" / "learner.py").is_file()
     assert run_fingerprint({}, "w") == run_fingerprint({}, "w", PACKAGE_DIR)
     assert run_fingerprint({}, "w") != run_fingerprint({}, "w", PACKAGE_DIR / "eval")
 

@@ -7,9 +7,11 @@ import random
 
 import pytest
 
-from dflash2.decoding.costs import CostModel
-from dflash2.decoding.acceptance_model import AcceptanceModel, expected_tokens
-from dflash2.decoding.cycle import Choice, CycleRecord, Offer
+from conftest import policy_choice
+from dflash2.decoding.policy.costs import CostModel
+from dflash2.decoding.policy.expectation import AcceptanceModel, expected_tokens
+from dflash2.decoding.policy.chooser import Pricing, worth_drafting
+from dflash2.decoding.policy.cycle import Backoff, Choice, CyclePlan, CycleRecord, Offer
 from dflash2.decoding.policy import SpeculationPolicy
 
 
@@ -65,12 +67,53 @@ def _costs(draft_s: float) -> CostModel:
     return costs
 
 
+def _plan(policy: SpeculationPolicy, b: int = 1, offer: Offer | None = None) -> CyclePlan:
+    return policy.prepare(b, offer or Offer([True] * b), 8)
+
+
+def _plain_steps(policy: SpeculationPolicy, b: int, n: int, verify: float) -> list[CyclePlan]:
+    """n cycles planned and observed as plain steps of `verify` seconds."""
+    plans = []
+    for _ in range(n):
+        plans.append(_plan(policy, b))
+        policy.observe(CycleRecord(b, Offer([True] * b), plans[-1], Choice.nothing(b), False, [0] * b, [0] * b, 1,
+                                   0.0, verify))
+    return plans
+
+
 def test_confident_drafts_verify_the_whole_block():
     policy = SpeculationPolicy("auto", _costs(0.010))
     policy.probing = False
-    assert policy.plan(1).draft
-    assert policy.choose_length(1, [[0.99] * 7], [True], block=8) == 7
-    assert policy.plain_left == 0
+    plan = _plan(policy)
+    assert plan.draft and not plan.probe
+    assert plan.choose(Offer([True], [[0.99] * 7])).k == 7
+    assert not policy.fallback.waiting
+
+
+def test_backoff_waits_double_when_served_and_relax():
+    backoff = Backoff.between(8, 64)
+    assert not backoff.waiting
+    waiting = backoff.wait(needed=3)                       # at least `length`
+    assert waiting.left == 8 and waiting.waiting
+    for _ in range(8):
+        waiting = waiting.tick()
+    assert not waiting.waiting and waiting.length == 16     # served: the next one is twice as long
+    assert waiting.wait(needed=100).left == 64              # at most `longest`
+    assert waiting.wait().cancel().length == 16             # a wait called off does not double
+    assert waiting.relax().wait().left == 8
+
+
+def test_deciding_writes_nothing_and_the_record_teaches_everything():
+    """`prepare` and the plan's `choose` leave the policy as it was; `observe` is the only writer."""
+    policy = SpeculationPolicy("auto", _costs(0.030), sources=2)
+    offer = Offer([True], None, [[0.9] * 7])
+    before = repr(vars(policy)), repr(policy.costs.__dict__)
+    plan = policy.prepare(1, offer, 8)
+    choice = plan.choose(Offer([True], [[0.6] * 7], [[0.9] * 7]), draft_seconds=0.050)
+    assert (repr(vars(policy)), repr(policy.costs.__dict__)) == before
+    policy.observe(CycleRecord(1, Offer([True], [[0.6] * 7], [[0.9] * 7]), plan, choice, True, list(choice.lengths),
+                               [0], choice.k + 1, 0.050, 0.080))
+    assert policy.costs.draft(1) == pytest.approx(0.8 * 0.030 + 0.2 * 0.050) and policy.evidence.weight > 0
 
 
 def test_a_draft_that_cannot_pay_stops_after_a_few_cycles_for_a_budgeted_time():
@@ -82,29 +125,30 @@ def test_a_draft_that_cannot_pay_stops_after_a_few_cycles_for_a_budgeted_time():
     policy = SpeculationPolicy("auto", _costs(0.045), budget=0.02)
     policy.probing = False
     for _ in range(200):   # learned: this draft is never accepted
-        policy.acceptance.observe([0.5], True, verified=1, accepted=0)
+        policy.tables.draft.observe([0.5], True, verified=1, accepted=0)
     cycles = _until_a_fallback(policy, 0.045, 0.5, 0, 4)
     assert [k for _, k, _, _ in cycles] == [0] * len(cycles) and len(cycles) >= 3
     assert cycles[-1][2] == math.ceil(len(cycles) * 0.045 / (0.02 * 0.060))
-    plans = [policy.plan(1) for _ in range(policy.plain_left)]
-    assert not any(p.draft for p in plans)
-    probe = policy.plan(1)
+    plans = _plain_steps(policy, 1, policy.fallback.left, 0.060)
+    assert all(p.fallback and not p.draft for p in plans)
+    probe = _plan(policy)
     assert probe.draft and probe.probe                          # then a probe
-    assert policy.backoff == 2 * len(plans)                     # and the next fallback is twice as long
+    assert policy.fallback.length == 2 * len(plans)             # and the next fallback is twice as long
 
 
 def test_a_probe_is_optimistic_and_one_rejected_block_is_weak_evidence():
     policy = SpeculationPolicy("auto", _costs(0.030))
-    assert policy.plan(1).probe                                  # the first cycle probes
+    plan = _plan(policy)
+    assert plan.probe                                            # the first cycle probes
     mean = SpeculationPolicy("auto", _costs(0.030))
     mean.probing = False
-    probe_k = policy.choose_length(1, [[0.35] * 7], [True], block=8, probe=True)
-    assert probe_k > mean.choose_length(1, [[0.35] * 7], [True], block=8)
     offer = Offer([True], [[0.35] * 7])
+    probe_k = plan.choose(offer).k
+    assert probe_k > _plan(mean).choose(offer).k
     choice = Choice(probe_k, 1.0, 0.0, ("draft",), (probe_k,))
-    policy.observe(CycleRecord(1, offer, choice, True, True, [probe_k], [0], probe_k + 1, 0.030, 0.080, 0.0))
-    plan = policy.plan(1)
-    assert plan.draft and not plan.probe and policy.plain_left == 0   # rejected once: the draft goes on
+    policy.observe(CycleRecord(1, offer, plan, choice, True, [probe_k], [0], probe_k + 1, 0.030, 0.080, 0.0))
+    plan = _plan(policy)
+    assert plan.draft and not plan.probe and not policy.fallback.waiting   # rejected once: the draft goes on
 
 
 def test_a_probe_that_cannot_pay_even_optimistically_verifies_nothing():
@@ -118,23 +162,23 @@ def test_a_probe_that_cannot_pay_even_optimistically_verifies_nothing():
     policy = SpeculationPolicy("auto", costs)
     lefts = []
     for n in range(3):
-        plan = policy.plan(32)
+        plan = _plan(policy, 32)
         assert plan.draft and plan.probe == (n == 0)
         offer = Offer([True] * 32, [[0.45] * 7] * 32)
-        choice = policy.choose(32, offer, block=8, probe=plan.probe)
-        assert choice.k == 0 and policy.plain_left == 0                  # nothing verified, and no verdict yet
-        policy.observe(CycleRecord(32, offer, choice, True, plan.probe, [0] * 32, [0] * 32, 1, 0.150, 0.170))
-        lefts.append(policy.plain_left)
+        choice = plan.choose(offer)
+        assert choice.k == 0 and not policy.fallback.waiting             # nothing verified, and no verdict yet
+        policy.observe(CycleRecord(32, offer, plan, choice, True, [0] * 32, [0] * 32, 1, 0.150, 0.170))
+        lefts.append(policy.fallback.left)
     assert lefts == [0, 0, math.ceil(3 * 0.150 / (0.02 * 0.170))]       # lost: the three draft passes
 
 
 def test_fresh_keeps_the_machine_and_forgets_the_draft():
     policy = SpeculationPolicy("auto", _costs(0.045), budget=0.05)
-    policy.acceptance.observe([0.5], True, verified=1, accepted=0)
-    policy.plain_left, policy.probing = 40, False
+    policy.tables.draft.observe([0.5], True, verified=1, accepted=0)
+    policy.fallback, policy.probing = policy.fallback.wait(40), False
     fresh = policy.fresh()
-    assert fresh.costs is policy.costs and fresh.budget == 0.05 and fresh.mode == "auto"
-    assert fresh.plain_left == 0 and fresh.probing and not fresh.acceptance.counts
+    assert fresh.costs is policy.costs and fresh.settings.budget == 0.05 and fresh.mode == "auto"
+    assert not fresh.fallback.waiting and fresh.probing and not fresh.tables.draft.counts
     policy.evidence.add(-1.0)
     assert policy.fresh().evidence.weight == 0.0 and policy.fresh().stretch == 0.0
 
@@ -148,17 +192,16 @@ def _simulate(policy: SpeculationPolicy, b: int, accept: float, cycles: int, see
     policy.costs.observe_verify(1, 1, 0.042)
     policy.costs.observe_verify(1, 8, 0.056)
     for _ in range(cycles):
-        plan = policy.plan(b)
+        plan = _plan(policy, b)
         if not plan.draft:
             verify = 0.040 + 0.002 * b
             nothing = Choice(0, b, 0.0, ("",) * b, (0,) * b)
-            policy.observe(CycleRecord(b, Offer([True] * b), nothing, False, False, [0] * b, [0] * b, 1, 0.0, verify))
+            policy.observe(CycleRecord(b, Offer([True] * b), plan, nothing, False, [0] * b, [0] * b, 1, 0.0, verify))
             seconds, tokens = seconds + verify, tokens + b
             continue
-        policy.drafted(b, 0.020)
         confidence = [[0.5] * 7 for _ in range(b)]
         offer = Offer([True] * b, confidence)
-        choice = policy.choose(b, offer, 8, plan.probe)
+        choice = plan.choose(offer, 0.020)
         k = choice.k
         accepted = []
         for _ in range(b):
@@ -167,8 +210,7 @@ def _simulate(policy: SpeculationPolicy, b: int, accept: float, cycles: int, see
                 n += 1
             accepted.append(n)
         verify = 0.040 + 0.002 * b * (k + 1)
-        policy.observe(CycleRecord(b, offer, choice, True, plan.probe, list(choice.lengths), accepted, k + 1,
-                                   0.020, verify))
+        policy.observe(CycleRecord(b, offer, plan, choice, True, list(choice.lengths), accepted, k + 1, 0.020, verify))
         seconds, tokens = seconds + 0.020 + verify, tokens + sum(accepted) + b
     return seconds, tokens
 
@@ -191,9 +233,10 @@ def test_a_draft_that_pays_keeps_speculating(b):
 
 
 def test_modes_always_and_never():
-    assert all(SpeculationPolicy("always").plan(1).draft for _ in range(5))
-    assert SpeculationPolicy("always").choose_length(1, [[0.0] * 7], [True], block=8) == 7
-    assert not any(SpeculationPolicy("never").plan(1).draft for _ in range(5))
+    assert all(_plan(SpeculationPolicy("always")).draft for _ in range(5))
+    assert not SpeculationPolicy("always").prepare(1, Offer([True]), 8, can_draft=False).draft
+    assert _plan(SpeculationPolicy("always")).choose(Offer([True], [[0.0] * 7])).k == 7
+    assert not any(_plan(SpeculationPolicy("never")).draft for _ in range(5))
     with pytest.raises(ValueError):
         SpeculationPolicy("sometimes")
 
@@ -241,15 +284,15 @@ def _lookup_run(calibrated_wide: float, true_wide: float, cycles: int = 600, acc
     seconds = tokens = 0.0
     speculative = 0
     for _ in range(cycles):
-        plan = policy.plan(1)
         offer = Offer([True], None, [[0.9] * 7])
-        choice = policy.choose(1, offer, 8, plan.probe)
+        plan = policy.prepare(1, offer, 8, can_draft=False)
+        choice = plan.choose(offer)
         k = choice.k
         n = 0
         while n < k and rng.random() < accept:
             n += 1
         verify = 0.040 + (true_wide - 0.040) * k / 7
-        policy.observe(CycleRecord(1, offer, choice, False, plan.probe, list(choice.lengths), [n], k + 1, 0.0, verify))
+        policy.observe(CycleRecord(1, offer, plan, choice, False, list(choice.lengths), [n], k + 1, 0.0, verify))
         seconds, tokens, speculative = seconds + verify, tokens + n + 1, speculative + (k > 0)
     return seconds, tokens, speculative
 
@@ -279,15 +322,23 @@ def test_at_batch_8_lookup_is_not_verified_at_a_width_its_mean_does_not_pay_for(
     for q, s in ((1, 0.200), (2, 0.300), (4, 0.350), (8, 0.600)):
         costs.observe_verify(8, q, s)
     policy = SpeculationPolicy("auto", costs, budget=0.02)
-    offer = Offer([True] * 8, None, [[0.35] * 7] * 8)
-    probe = policy.choose(8, offer, block=8)
-    assert probe.k > 0 and policy.lookup_wait > 0                   # the bound is tried once ...
-    mean_rate = 8 * expected_tokens([0.35] * 7, probe.k) / policy.cycle_seconds(8, probe.k, False)
-    assert mean_rate < policy.plain_rate(8)                         # ... though at the mean it does not pay
-    lost = policy.cycle_seconds(8, probe.k, False) - expected_tokens([0.35] * 7, probe.k) * 0.200
-    assert policy.lookup_wait >= lost / (0.02 * 0.200) - 1          # ... and budgeted by what it can lose
-    waits = [policy.choose(8, offer, block=8).k for _ in range(policy.lookup_wait)]
-    assert waits == [0] * len(waits)                                # plain steps until the next probe
+    offer, pricing = Offer([True] * 8, None, [[0.35] * 7] * 8), Pricing(costs, 8)
+    plan = policy.prepare(8, offer, 8, can_draft=False)
+    probe = plan.choose(offer)
+    wait = probe.lookup_probes.left
+    assert probe.k > 0 and wait > 0                                 # the bound is tried once ...
+    mean_rate = 8 * expected_tokens([0.35] * 7, probe.k) / pricing.cycle(probe.k, False)
+    assert mean_rate < pricing.plain_rate()                         # ... though at the mean it does not pay
+    lost = pricing.cycle(probe.k, False) - expected_tokens([0.35] * 7, probe.k) * 0.200
+    assert wait >= lost / (0.02 * 0.200) - 1                        # ... and budgeted by what it can lose
+    policy.observe(CycleRecord(8, offer, plan, probe, False, list(probe.lengths), [0] * 8, probe.k + 1, 0.0,
+                               costs.verify(8, probe.k + 1)))
+    waits = []
+    for _ in range(wait):
+        plan = policy.prepare(8, offer, 8, can_draft=False)
+        waits.append(plan.choose(offer))
+        policy.observe(CycleRecord(8, offer, plan, waits[-1], False, [0] * 8, [0] * 8, 1, 0.0, 0.200))
+    assert [c.k for c in waits] == [0] * wait                       # plain steps until the next probe
 
 
 # ---------------------------------------------------------------------- a fixed batch
@@ -307,9 +358,9 @@ def test_a_fixed_batch_does_not_make_the_row_lookup_cannot_help_wait_through_wid
     sooner). A batch that refills counts the first row's tokens per second and verifies them; a
     fixed batch (the time until its last row ends) takes the plain step."""
     policy, offer, room = _two_rows(plain_one_row=0.100)
-    assert policy.choose(2, offer, block=8).k == 7                    # an open batch: 7.6 tokens in 0.2 s
-    fixed = policy.fresh().choose(2, Offer(offer.greedy, None, offer.lookup, remaining=room), block=8)
-    assert fixed.k == 0 and fixed.rate == pytest.approx(policy.plain_rate(2))
+    assert policy_choice(policy, 2, offer).k == 7                     # an open batch: 7.6 tokens in 0.2 s
+    fixed = policy_choice(policy.fresh(), 2, Offer(offer.greedy, None, offer.lookup, remaining=room))
+    assert fixed.k == 0 and fixed.rate == pytest.approx(Pricing(policy.costs, 2).plain_rate())
 
 
 def test_a_fixed_batch_verifies_width_when_finishing_rows_early_makes_the_rest_cheaper():
@@ -317,14 +368,14 @@ def test_a_fixed_batch_verifies_width_when_finishing_rows_early_makes_the_rest_c
     second row's steps: the same width is worth it, and the fixed batch's rate is the open batch's
     (saved time is then proportional to the tokens committed)."""
     policy, offer, room = _two_rows(plain_one_row=0.050)
-    open_choice = policy.choose(2, offer, block=8)
-    fixed = policy.fresh().choose(2, Offer(offer.greedy, None, offer.lookup, remaining=room), block=8)
+    open_choice = policy_choice(policy, 2, offer)
+    fixed = policy_choice(policy.fresh(), 2, Offer(offer.greedy, None, offer.lookup, remaining=room))
     assert fixed.k == open_choice.k == 7
     assert fixed.rate == pytest.approx(open_choice.rate)
 
 
 def test_plain_decoding_time_of_a_fixed_batch_counts_the_rows_still_running():
-    from dflash2.decoding.horizon import plain_seconds, saved_seconds, step_curve
+    from dflash2.decoding.policy.expectation import plain_seconds, saved_seconds, step_curve
     steps = [0.05, 0.08, 0.1]                                          # 1, 2, 3 rows
     assert plain_seconds([2, 5, 3], steps) == pytest.approx(2 * 0.1 + 1 * 0.08 + 2 * 0.05)
     assert saved_seconds([2, 5, 3], [1, 1, 1], steps) == pytest.approx(0.1)   # a plain step saves its time
@@ -343,10 +394,12 @@ def test_a_batch_size_whose_plain_step_was_never_timed_takes_one_first():
     policy = SpeculationPolicy("auto", costs)
     offer = Offer([True], None, [[0.05] + [0.5] * 6])                # a 5 % first token: never worth a pass
     assert costs.verify(1, 1) == pytest.approx(costs.verify(1, 8))   # what the old rule weighed
-    assert not policy.plan(1).draft and policy.choose(1, offer, block=8).k == 0
-    policy.observe(CycleRecord(1, offer, Choice(0, 1.0, 0.0, ("",), (0,)), False, False, [0], [0], 1, 0.0, 0.040))
-    policy.lookup_wait = 10                                           # no lookup probe: the mean decides
-    assert policy.plan(1).draft and policy.choose(1, offer, block=8).k == 0   # timed: it does not pay
+    plan = _plan(policy, 1, offer)
+    assert not plan.draft and plan.choose(offer).k == 0
+    policy.observe(CycleRecord(1, offer, plan, Choice(0, 1.0, 0.0, ("",), (0,)), False, [0], [0], 1, 0.0, 0.040))
+    policy.lookup_probes = policy.lookup_probes.wait(10)              # no lookup probe: the mean decides
+    plan = _plan(policy, 1, offer)
+    assert plan.draft and plan.choose(offer).k == 0                   # timed: it does not pay
 
 
 def test_a_young_bin_inherits_how_the_sources_other_bins_turned_out():
@@ -372,16 +425,17 @@ def test_two_explored_sources_share_one_exploration_budget():
         for q, s in ((1, 0.200), (8, 0.600)):
             costs.observe_verify(8, q, s)
         policy = SpeculationPolicy("auto", costs, budget=0.01, sources=sources)
-        assert policy.choose(8, Offer([True] * 8, None, [[0.35] * 7] * 8), block=8).k > 0   # a lookup probe
-        waits.append(policy.lookup_wait)
-        assert policy.fresh().sources == sources
+        probe = policy_choice(policy, 8, Offer([True] * 8, None, [[0.35] * 7] * 8))
+        assert probe.k > 0                                                                 # a lookup probe
+        waits.append(probe.lookup_probes.left)
+        assert policy.fresh().settings.sources == sources
     assert waits[1] >= 2 * waits[0] - 1
 
 
 def test_a_plain_step_of_more_rows_never_costs_less():
     """Noisy timings can put 4 rows below 3; the fixed batch's objective then takes the dearer figure,
     so a cycle never saves a negative time."""
-    from dflash2.decoding.horizon import saved_seconds, step_curve
+    from dflash2.decoding.policy.expectation import saved_seconds, step_curve
     steps = step_curve(4, {1: 0.05, 2: 0.08, 4: 0.0}.__getitem__)
     assert steps == sorted(steps) and steps[0] == 0.05
     assert saved_seconds([35, 40, 20, 11], [1.0, 4.0, 2.5, 4.0], steps) > 0
@@ -401,7 +455,7 @@ def test_every_choice_names_a_source_for_every_row(mode):
                                  rng.choice([0.0, 1e-7, rng.random() * 0.2]))
         lookup = [[rng.random() for _ in range(rng.randint(0, 7))] for _ in range(b)]
         remaining = [rng.randint(0, 40) for _ in range(b)] if rng.random() < 0.7 else None
-        choice = SpeculationPolicy(mode, costs).choose(b, Offer([True] * b, None, lookup, remaining=remaining), block=8)
+        choice = policy_choice(SpeculationPolicy(mode, costs), b, Offer([True] * b, None, lookup, remaining=remaining))
         assert len(choice.sources) == len(choice.lengths) == b
         assert choice.k == max(choice.lengths)
 
@@ -412,15 +466,15 @@ def _cycles(policy: SpeculationPolicy, draft_s: float, confidence: float, accept
     cycle (probe, k, fallback started, backoff)."""
     out = []
     while len(out) < cycles:
-        plan = policy.plan(1)
+        plan = _plan(policy)
         if not plan.draft:
+            _plain_steps(policy, 1, 1, 0.060)   # (observes another plan: the same, a plain step)
             continue
-        policy.drafted(1, draft_s)
         offer = Offer([True], [[confidence] * 7])
-        choice = policy.choose(1, offer, block=8, probe=plan.probe)
-        policy.observe(CycleRecord(1, offer, choice, True, plan.probe, [choice.k], [min(accepted, choice.k)],
+        choice = plan.choose(offer, draft_s)
+        policy.observe(CycleRecord(1, offer, plan, choice, True, [choice.k], [min(accepted, choice.k)],
                                    choice.k + 1, draft_s, 0.080 if choice.k else 0.060, 0.0))
-        out.append((plan.probe, choice.k, policy.plain_left, policy.backoff))
+        out.append((plan.probe, choice.k, policy.fallback.left, policy.fallback.length))
     return out
 
 
@@ -442,7 +496,7 @@ def test_rejected_blocks_stop_the_draft_once_the_evidence_says_it_loses():
     first = next(i for i, (_, _, left, _) in enumerate(cycles) if left)
     assert 1 <= first <= 3
     assert cycles[first][2] == math.ceil((first + 1) * (0.030 + 0.080 - 0.060) / (0.02 * 0.060))
-    assert cycles[-1][3] == policy.max_backoff                      # the evidence piled up: long fallbacks
+    assert cycles[-1][3] == policy.settings.max_backoff                      # the evidence piled up: long fallbacks
 
 
 def _calibrated(policy: SpeculationPolicy, b: int, cycles: int, seed: int = 0, draft_s: float = 0.008):
@@ -455,20 +509,19 @@ def _calibrated(policy: SpeculationPolicy, b: int, cycles: int, seed: int = 0, d
     policy.costs.observe_verify(b, 8, 0.066)
     seconds = tokens = drafted = fallbacks = 0
     for _ in range(cycles):
-        plan = policy.plan(b)
+        plan = _plan(policy, b)
         if not plan.draft:
             seconds, tokens = seconds + 0.045, tokens + b
-            policy.observe(CycleRecord(b, Offer([True] * b), Choice(0, b, 0.0, ("",) * b, (0,) * b), False, False,
+            policy.observe(CycleRecord(b, Offer([True] * b), plan, Choice(0, b, 0.0, ("",) * b, (0,) * b), False,
                                        [0] * b, [0] * b, 1, 0.0, 0.045))
             continue
         drafted += 1
-        policy.drafted(b, draft_s)
         confidence = []
         for _ in range(b):
             c = rng.uniform(0.05, 0.95)
             confidence.append([c * 0.9 ** j for j in range(7)])
         offer = Offer([True] * b, confidence)
-        choice = policy.choose(b, offer, 8, plan.probe)
+        choice = plan.choose(offer, draft_s)
         accepted = []
         for r in range(b):
             n = 0
@@ -476,10 +529,10 @@ def _calibrated(policy: SpeculationPolicy, b: int, cycles: int, seed: int = 0, d
                 n += 1
             accepted.append(n)
         verify = 0.045 + 0.003 * choice.k
-        before = policy.plain_left
-        policy.observe(CycleRecord(b, offer, choice, True, plan.probe, list(choice.lengths), accepted, choice.k + 1,
+        before = policy.fallback.left
+        policy.observe(CycleRecord(b, offer, plan, choice, True, list(choice.lengths), accepted, choice.k + 1,
                                    draft_s, verify))
-        fallbacks += policy.plain_left > before
+        fallbacks += policy.fallback.left > before
         seconds, tokens = seconds + draft_s + verify, tokens + sum(accepted) + b
     return seconds, tokens, drafted, fallbacks
 
@@ -499,13 +552,13 @@ def test_a_draft_that_pays_on_balance_is_not_stopped_by_unlucky_blocks(seed):
 
 def test_a_probe_that_pays_ends_and_speculation_goes_on():
     policy = SpeculationPolicy("auto", _costs(0.030))
-    assert policy.plan(1).probe
-    policy.drafted(1, 0.030)
+    plan = _plan(policy)
+    assert plan.probe
     offer = Offer([True], [[0.6] * 7])
-    choice = policy.choose(1, offer, block=8, probe=True)
-    policy.observe(CycleRecord(1, offer, choice, True, True, [choice.k], [choice.k], choice.k + 1, 0.030, 0.080, 0.0))
-    plan = policy.plan(1)
-    assert plan.draft and not plan.probe and policy.plain_left == 0
+    choice = plan.choose(offer, 0.030)
+    policy.observe(CycleRecord(1, offer, plan, choice, True, [choice.k], [choice.k], choice.k + 1, 0.030, 0.080, 0.0))
+    plan = _plan(policy)
+    assert plan.draft and not plan.probe and not policy.fallback.waiting
 
 
 def test_the_first_draft_probe_waits_for_a_row_that_lookup_leaves_uncovered():
@@ -513,12 +566,16 @@ def test_the_first_draft_probe_waits_for_a_row_that_lookup_leaves_uncovered():
     spent on the draft's probe (its pass would lose to lookup there and fall back for it); a cycle
     with a row that lookup has nothing for runs it. Once the draft has a yield, that decides."""
     policy = SpeculationPolicy("auto", _costs(0.030), sources=2)
+
+    def worth(b: int, offer: Offer) -> bool:
+        return worth_drafting(policy.tables, policy.costs, policy.settings, b, 8, offer, policy.outlook,
+                              policy.draft_skips)[0]
     covered = Offer([True], None, [[0.7] * 7])
-    assert not policy.worth_drafting(1, covered, block=8)
-    assert policy.worth_drafting(1, Offer([True], None, [[]]), block=8)
-    assert policy.worth_drafting(2, Offer([True] * 2, None, [[0.95] * 7, []]), block=8)
+    assert not worth(1, covered) and not _plan(policy, 1, covered).draft
+    assert worth(1, Offer([True], None, [[]])) and _plan(policy, 1, Offer([True], None, [[]])).draft
+    assert worth(2, Offer([True] * 2, None, [[0.95] * 7, []]))
     policy.outlook = (7.0, 7.5)                                  # a draft that usually gives 7.5 tokens a row
-    assert policy.worth_drafting(1, covered, block=8)
+    assert worth(1, covered)
 
 
 def test_ordinary_cycles_that_lose_fall_back_once_they_have_spent_what_the_draft_gained():
@@ -528,7 +585,7 @@ def test_ordinary_cycles_that_lose_fall_back_once_they_have_spent_what_the_draft
     once they have lost about what the probe gained the draft pass stops."""
     policy = SpeculationPolicy("auto", _costs(0.030), budget=0.02)
     for _ in range(3):                                           # what the draft did before: it paid
-        policy.acceptance.observe([0.95] * 7, True, verified=7, accepted=7)
+        policy.tables.draft.observe([0.95] * 7, True, verified=7, accepted=7)
     (probe, k, left, _), = _cycles(policy, 0.030, 0.95, 7, 1)
     assert probe and k == 7 and left == 0                          # the probe paid: speculation goes on
     ordinary = _until_a_fallback(policy, 0.030, 0.95, 0, 12)
@@ -542,7 +599,7 @@ def test_a_cycle_that_gains_pays_back_what_earlier_ones_lost():
     pass never stops and what the stretch lost never piles up."""
     policy = SpeculationPolicy("auto", _costs(0.030), budget=0.02)
     for _ in range(3):
-        policy.acceptance.observe([0.95] * 7, True, verified=7, accepted=7)
+        policy.tables.draft.observe([0.95] * 7, True, verified=7, accepted=7)
     for n in range(20):
         cycle, = _cycles(policy, 0.030, 0.95, 7 if n % 3 == 2 else 0, 1)
         assert cycle[2] == 0
@@ -554,7 +611,7 @@ def test_a_probe_that_gains_against_plain_steps_goes_on_whatever_the_calibration
     in 140 ms (draft pass 60, pass 80) against 180 ms of plain steps: a gain, though the posterior
     mean says the draft does not pay. What the cycles realise decides: speculation goes on."""
     policy = SpeculationPolicy("auto", _costs(0.060), budget=0.02)
-    policy.acceptance.observe([0.5] * 7, True, verified=7, accepted=0)
+    policy.tables.draft.observe([0.5] * 7, True, verified=7, accepted=0)
     cycles = _cycles(policy, 0.060, 0.5, 2, 3)
     assert [probe for probe, *_ in cycles] == [True, False, False]
     assert [left for _, _, left, _ in cycles] == [0, 0, 0] and policy.stretch == 0.0
@@ -567,13 +624,13 @@ def test_in_hybrid_a_draft_cycle_is_judged_against_what_lookup_alone_was_expecte
     policy = SpeculationPolicy("auto", _costs(0.010), sources=2)
     policy.probing = False
     for _ in range(20):
-        policy.lookup_acceptance.observe([0.9] * 7, True, verified=7, accepted=7)
+        policy.tables.lookup.observe([0.9] * 7, True, verified=7, accepted=7)
     offer = Offer([True], [[0.6] * 7], [[0.9] * 7])
-    choice = policy.choose(1, offer, block=8)
+    choice = policy_choice(policy, 1, offer)
     assert choice.baseline < -0.05                                 # lookup alone: several tokens for one pass
     alone = SpeculationPolicy("auto", _costs(0.010))
     alone.probing = False
-    assert alone.choose(1, Offer([True], [[0.6] * 7]), block=8).baseline == pytest.approx(0.0, abs=1e-12)
+    assert policy_choice(alone, 1, Offer([True], [[0.6] * 7])).baseline == pytest.approx(0.0, abs=1e-12)
 
 
 def _lagging_row_cycles(fixed: bool, cycles: int) -> list[int]:
@@ -586,21 +643,21 @@ def _lagging_row_cycles(fixed: bool, cycles: int) -> list[int]:
     costs.observe_draft(8, 0.030)
     policy = SpeculationPolicy("auto", costs, budget=0.02)
     for _ in range(3):
-        policy.acceptance.observe([0.95] * 7, True, verified=7, accepted=7)
+        policy.tables.draft.observe([0.95] * 7, True, verified=7, accepted=7)
     policy.probing = False                                       # a probe has paid
     remaining, out = [200] * 8, []
     while len(out) < cycles:
-        plan = policy.plan(8)
+        plan = _plan(policy, 8)
         if not plan.draft:
+            _plain_steps(policy, 8, 1, 0.070)
             continue
-        policy.drafted(8, 0.030)
         offer = Offer([True] * 8, [[0.95] * 7] * 8, remaining=list(remaining) if fixed else None)
-        choice = policy.choose(8, offer, block=8)
+        choice = plan.choose(offer, 0.030)
         accepted = [0] + [choice.k] * 7
-        policy.observe(CycleRecord(8, offer, choice, True, False, list(choice.lengths), accepted, choice.k + 1,
+        policy.observe(CycleRecord(8, offer, plan, choice, True, list(choice.lengths), accepted, choice.k + 1,
                                    0.030, 0.120))
         remaining = [r - a - 1 for r, a in zip(remaining, accepted)]
-        out.append(policy.plain_left)
+        out.append(policy.fallback.left)
     return out
 
 

@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from dflash2 import devices
+from dflash2.runtime import devices
 from dflash2.cli import main
-from dflash2.devices import check_device, native_bfloat16, resolve_precision
+from dflash2.runtime.devices import check_device, native_bfloat16, resolve_precision
 from dflash2.errors import DFlash2Error
 from dflash2.training.regenerate import stored_dtype
 from matrix_util import template, work  # noqa: F401 (fixtures)

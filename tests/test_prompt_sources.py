@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from dflash2.data import prompts
+from dflash2.training import prompt_sets
 from dflash2.training import regenerate as regen
 from dflash2.errors import DFlash2Error
 from dflash2.data.prompts import (
@@ -103,7 +104,7 @@ def test_regenerate_can_choose_chitchat(monkeypatch):
     assert regen.build_parser().parse_args([*required, "--source", "chitchat"]).source == "chitchat"
     with pytest.raises(DFlash2Error, match="--source"):  # one line, not argparse's usage block
         regen.build_parser().parse_args([*required, "--source", "nope"])
-    monkeypatch.setattr(regen, "encode_prompt", lambda tokenizer, text: [ord(ch) for ch in text])
+    monkeypatch.setattr(prompt_sets, "encode_prompt", lambda tokenizer, text: [ord(ch) for ch in text])
     chosen = regen.encode_training_prompts(None, 3, source="chitchat", max_prompt_tokens=60)
     assert len(chosen) == 3
     assert all(p.id.startswith("chitchat:") and len(p.tokens) <= 60 for p in chosen)

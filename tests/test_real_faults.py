@@ -58,7 +58,7 @@ def test_a_full_disk_is_one_line_naming_the_output(argv, work, mounted, capsys):
 
 
 def test_a_read_only_file_system_names_the_users_path_not_a_temporary_one(mounted):
-    from dflash2.fileio import atomic_directory, atomic_write
+    from dflash2.files.atomic import atomic_directory, atomic_write
 
     disk = mounted("readonly", "ro,size=64k")
     for write, path in ((atomic_directory, disk / "run"), (lambda p: atomic_write(p, "w"), disk / "table.md")):
@@ -70,7 +70,7 @@ def test_a_read_only_file_system_names_the_users_path_not_a_temporary_one(mounte
 
 def test_thread_counts_beyond_the_cores_warn_and_far_beyond_are_refused():
     from dflash2.errors import DFlash2Error
-    from dflash2.machine import MAX_OVERSUBSCRIPTION, check_threads, usable_cores
+    from dflash2.runtime.machine import MAX_OVERSUBSCRIPTION, check_threads, usable_cores
 
     cores = usable_cores()
     assert check_threads(None) is None and check_threads(cores) is None

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dflash2.training import regenerate as regen
-from dflash2.decoding.engine import DecodeSession
+from dflash2.decoding.loop.engine import DecodeSession
 from dflash2.errors import DFlash2Error
 from dflash2.training.regenerate import Prompt, generate_shards, sampling_fields, target_fields
 from dflash2.data.shards import Record, ShardWriter, done_ids, load_manifest, loss_mask, read_records
@@ -171,7 +171,7 @@ def test_responses_are_the_targets_greedy_output(tmp_path, target, batch_size):
 def test_a_running_batch_sheds_the_padding_of_finished_rows(target):
     import torch
 
-    from dflash2.decoding.verifier import TargetAdapter
+    from dflash2.decoding.verifier.adapter import TargetAdapter
 
     adapter = TargetAdapter(target, None)
     long, short = [1] + list(range(3, 43)), [1, 5, 6]
@@ -245,3 +245,29 @@ def test_cli_user_error_is_one_line(capsys, tmp_path):
     assert regen.main(["--target", "no-such-target", "--out", str(tmp_path / "d"), "--num-prompts", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown target 'no-such-target'" in err[0]
+
+
+def test_in_order_writes_records_in_the_given_order_whatever_order_they_finish(tmp_path):
+    from dflash2.data.shards import InOrder
+
+    records = sample_records(6)
+    with ShardWriter(tmp_path / "d", {}, shard_size=2) as writer:
+        in_order = InOrder(writer, [r.id for r in records])
+        for i in (2, 0, 5, 1):
+            in_order.put(records[i].id, records[i])
+        assert [r.id for r in writer.buffer] == ["r2"] and [s["records"] for s in writer.manifest["shards"]] == [2]
+        in_order.put("r3", None)                      # given up: the ones after it go on
+        in_order.drain()                              # r4 never came: r5 is written past the gap
+    assert [r.id for r in read_records(tmp_path / "d")] == ["r0", "r1", "r2", "r5"]
+
+
+def test_shards_are_the_same_bytes_whatever_the_batch_size(tmp_path, target):
+    # answers of different lengths (stop tokens): rows finish in another order than they started
+    prompts = make_prompts(9, seed=4)
+    run(target, prompts, tmp_path / "one", batch_size=1, max_new_tokens=24)
+    run(target, prompts, tmp_path / "four", batch_size=4, max_new_tokens=24)
+    lengths = {r.response.size for r in read_records(tmp_path / "one")}
+    assert len(lengths) > 1, "every answer has one length: the test would not reorder anything"
+    one, four = (sorted((tmp_path / d).glob("shard-*.npz")) for d in ("one", "four"))
+    assert [p.name for p in one] == [p.name for p in four] and len(one) == 3
+    assert all(a.read_bytes() == b.read_bytes() for a, b in zip(one, four))

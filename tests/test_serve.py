@@ -305,3 +305,22 @@ def test_loadtest_against_the_live_server(live, tmp_path, capsys):
     assert "***" in results["command"] and API_KEY not in out.read_text()
     assert "| speculative | 4 | 4 | 0 | 0 |" in capsys.readouterr().out
     assert main(["loadtest", "--url", "http://example.com:8000"]) == 2
+
+
+def test_tokenize_answers_like_vllm(live, engine):
+    def post(body, key=API_KEY):
+        return httpx.post(live.url + "/tokenize", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+
+    text = "tell me about rivers"
+    got = post({"model": live.model, "prompt": text})
+    assert got.status_code == 200
+    assert got.json() == {"count": len(completion_ids(engine, text)), "tokens": completion_ids(engine, text),
+                          "max_model_len": engine.decoder.target.max_positions}
+    bare = post({"prompt": text, "add_special_tokens": False}).json()["tokens"]
+    assert bare == engine.tokenizer(text, add_special_tokens=False)["input_ids"] != completion_ids(engine, text)
+    for body, param in (({"prompt": 5}, "prompt"), ({"prompt": "x", "messages": []}, "messages"),
+                        ({"prompt": "x", "model": "other"}, "model"), ({"prompt": "x", "add_special_tokens": 1},
+                                                                       "add_special_tokens")):
+        refused = post(body)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, body
+    assert post({"prompt": text}, key="wrong").status_code == 401

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from dflash2.cli import main
-from serve_util import reference, start_server_process, tiny_serving_pipeline
+from serve_util import reference, start_server_process, stream_tokens, tiny_serving_pipeline
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -27,6 +27,7 @@ from serve_util import reference, start_server_process, tiny_serving_pipeline
     (["--api-key", " "], "--api-key must not be empty"),
     (["--draft", "somewhere", "--no-draft"], "at most one of --draft and --no-draft"),
     (["--log-level", "loud"], "--log-level"),
+    (["--per-request-spec-decode-metrics", "full"], "--per-request-spec-decode-metrics"),
     (["--bogus"], "unrecognized arguments"),
 ])
 def test_bad_options_fail_in_one_line(argv, words, capsys):
@@ -57,15 +58,7 @@ def test_server_process_answers_like_the_engine_and_drains_on_sigterm(tmp_path):
         going = threading.Barrier(4)
 
         def streamed(i):
-            stream = api.completions.create(model="tiny-random-llama", prompt=prompts[i], max_tokens=150,
-                                            stream=True, extra_body={"return_token_ids": True})
-            tokens, reasons = [], []
-            for n, chunk in enumerate(stream):
-                tokens += chunk.choices[0].token_ids or []
-                reasons.append(chunk.choices[0].finish_reason)
-                if n == 1:
-                    going.wait(timeout=60)
-            return tokens, reasons[-1]
+            return stream_tokens(api, "tiny-random-llama", prompts[i], 150, going, after=1)
 
         with ThreadPoolExecutor(3) as pool:
             jobs = [pool.submit(streamed, i) for i in range(3)]

@@ -18,10 +18,11 @@ import httpx
 import openai
 import pytest
 
-from dflash2.decoding.engine import GenerationConfig
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.errors import ContextLimitError
 from dflash2.targets.tiny import TinyTokenizer
-from serve_util import API_KEY, POISON_TEXT, LiveServer, reference, start_server_process, tiny_serving_pipeline
+from serve_util import (API_KEY, POISON_TEXT, LiveServer, reference, start_server_process, stream_tokens,
+                        tiny_serving_pipeline)
 
 STREAM_TOKENS = 150
 AUTH = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
@@ -210,15 +211,7 @@ def test_a_20_mb_body_while_16_streams_run():
         streaming = threading.Barrier(17)
 
         def stream(i):
-            chunks = api.completions.create(model=server.model, prompt=prompts[i], max_tokens=STREAM_TOKENS,
-                                            stream=True, extra_body={"return_token_ids": True})
-            tokens, reasons = [], []
-            for n, chunk in enumerate(chunks):
-                tokens += chunk.choices[0].token_ids or []
-                reasons.append(chunk.choices[0].finish_reason)
-                if n == 0:
-                    streaming.wait(timeout=60)
-            return tokens, reasons[-1]
+            return stream_tokens(api, server.model, prompts[i], STREAM_TOKENS, streaming, after=0)
 
         big = {"model": server.model, "prompt": "z" * 20_000_000, "max_tokens": 4}
         answers: list[tuple[float, float, int]] = []     # (sent, answered, status) per /health request

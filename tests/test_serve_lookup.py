@@ -8,9 +8,9 @@ import re
 import openai
 import pytest
 
-from dflash2.decoding.engine import SpeculativeDecoder
-from dflash2.decoding.lookup import SuffixStore
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import SpeculativeDecoder
+from dflash2.decoding.proposers.lookup import SuffixStore
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.pipeline import Pipeline
 from dflash2.targets.tiny import TinyTokenizer, tiny_target
 from serve_util import LiveServer, reference

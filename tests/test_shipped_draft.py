@@ -4,7 +4,7 @@ actually trained (a fresh draft's acceptance length is 1.0 on real text)."""
 from __future__ import annotations
 
 from dflash2.targets.chat import encode_prompt
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.pipeline import load_decoder, shipped_draft_path
 
 PROMPTS = [

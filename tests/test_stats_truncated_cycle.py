@@ -3,9 +3,9 @@ acceptance count the same (committed) tokens."""
 from __future__ import annotations
 
 from conftest import OracleDecoder
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.stats import RowStats
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.stats import RowStats
+from dflash2.decoding.verifier.adapter import TargetAdapter
 
 BLOCK = 4
 FULL_CYCLES = 3

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from dflash2.data import prompts
+from dflash2.training import prompt_sets
 from dflash2.training import regenerate as regen
 from dflash2.data.prompts import TEMPLATES, overlaps_benchmarks, training_prompts
 from dflash2.data.synthetic.conversations import MATH_TEMPLATES, iter_synthetic_conversations, iter_synthetic_items
@@ -233,7 +234,7 @@ def test_reference_solutions_give_known_answers(key, args, expected):
 def test_regenerate_can_choose_synthetic(monkeypatch):
     required = ["--out", "d", "--num-prompts", "3"]
     assert regen.build_parser().parse_args([*required, "--source", "synthetic"]).source == "synthetic"
-    monkeypatch.setattr(regen, "encode_prompt", lambda tokenizer, text: [ord(ch) for ch in text])
+    monkeypatch.setattr(prompt_sets, "encode_prompt", lambda tokenizer, text: [ord(ch) for ch in text])
     chosen = regen.encode_training_prompts(None, 3, source="synthetic", max_prompt_tokens=400)
     assert len(chosen) == 3
     assert all(p.id.startswith("synthetic:") and len(p.tokens) <= 400 for p in chosen)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.targets import builtin as targets
 from dflash2.errors import DFlash2Error
 

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from dflash2.cache import cache_dir
-from dflash2.decoding.engine import GenerationConfig
+from dflash2.files.cache import cache_dir
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.pipeline import tiny_pipeline
 
 
@@ -31,6 +31,6 @@ def test_a_decode_stores_its_calibration_in_a_test_cache_not_home(tmp_path_facto
 def test_processes_the_tests_start_see_the_same_test_cache(tmp_path_factory):
     assert cache_dir().is_relative_to(tmp_path_factory.getbasetemp())
     assert not cache_dir().is_relative_to(Path.home())
-    child = subprocess.run([sys.executable, "-c", "from dflash2.cache import cache_dir; print(cache_dir())"],
+    child = subprocess.run([sys.executable, "-c", "from dflash2.files.cache import cache_dir; print(cache_dir())"],
                            capture_output=True, text=True, timeout=60, check=True)
     assert Path(child.stdout.strip()) == cache_dir()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 
-from dflash2.decoding.proposer import DraftProposer
+from dflash2.decoding.proposers.draft import DraftProposer
 from dflash2.targets.tiny import tiny_draft, tiny_target
 from dflash2.model.mask import block_visibility
 from dflash2.training.batches import Example, anchor_generator, build_batch, sample_anchors

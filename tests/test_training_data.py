@@ -6,7 +6,7 @@ import torch
 
 from training_util import synthetic_sequences
 from dflash2.data.shards import Record, ShardWriter
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.targets.tiny import tiny_target
 from dflash2.training.batches import Example, build_batch
 from dflash2.training.dataset import SequenceOrder, load_sequences

@@ -6,8 +6,8 @@ import torch
 
 from dflash2.data.holdout import HOLDOUT_MODULUS, is_held_out
 from dflash2.data.vocab import coverage, frequency_vocabulary
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.targets.tiny import tiny_target
 from dflash2.training.trainer import Trainer

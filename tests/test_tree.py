@@ -13,19 +13,18 @@ import pytest
 import torch
 
 from conftest import TEST_DEVICE
-from dflash2.decoding.costs import CostModel
-from dflash2.decoding.engine import GenerationConfig
-from dflash2.decoding.lookup import LookupProposer
-from dflash2.decoding.cycle import Choice, CyclePlan, Offer
+from dflash2.decoding.policy.costs import CostModel
+from dflash2.decoding.loop.engine import GenerationConfig
+from dflash2.decoding.policy.cycle import Choice, CyclePlan, Offer
 from dflash2.decoding.policy import SpeculationPolicy
-from dflash2.decoding.tree_expectation import tree_options
-from dflash2.decoding.proposer import Proposal
-from dflash2.decoding.tree import kept_nodes, pack_tree, tree_greedy_accept, tree_nodes
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.policy.expectation import tree_options
+from dflash2.decoding.proposers.draft import Proposal
+from dflash2.decoding.proposers.tree import kept_nodes, pack_tree, tree_greedy_accept, tree_nodes
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.targets.tiny import tiny_draft, tiny_target
 from test_lookup import NEW_TOKENS, VOCAB, reference
 
-from conftest import OracleDecoder, OracleProposer
+from conftest import OracleDecoder, OracleProposer, policy_choice
 
 
 # ---------------------------------------------------------------------- packing and acceptance
@@ -91,7 +90,7 @@ def _policy(per_token: float) -> SpeculationPolicy:
     costs.observe_draft(1, 0.001)
     policy = SpeculationPolicy("auto", costs)
     for name in ("draft", "lookup"):           # both sources calibrated: right as often as they are confident
-        policy._table(name).counts[True] = [[10.0 * i + 5.0, 100.0] for i in range(10)]
+        policy.tables.of(name).counts[True] = [[10.0 * i + 5.0, 100.0] for i in range(10)]
     return policy
 
 
@@ -101,19 +100,19 @@ LOOKUP = [0.55] + [0.95] * 6    # so whichever first token is right, a tree has 
 
 def test_the_policy_verifies_a_tree_when_extra_width_is_cheap_and_not_when_dear():
     offer = Offer.of([True], draft=[DRAFT], lookup=[LOOKUP], shared=[0])
-    cheap = _policy(1e-5).choose(1, offer, 8)
+    cheap = policy_choice(_policy(1e-5), 1, offer, 8)
     assert cheap.sources == ("tree",) and cheap.branches[0][0] > 0 and cheap.branches[0][1] > 0
     assert cheap.lengths[0] == sum(cheap.branches[0]) and cheap.k == cheap.lengths[0]
-    dear = _policy(0.010).choose(1, offer, 8)
+    dear = policy_choice(_policy(0.010), 1, offer, 8)
     assert dear.sources[0] in ("draft", "lookup") and not dear.branches
     agree = Offer.of([True], draft=[DRAFT], lookup=[LOOKUP], shared=[7])   # the same tokens: one path
-    assert _policy(1e-5).choose(1, agree, 8).sources[0] != "tree"
+    assert policy_choice(_policy(1e-5), 1, agree, 8).sources[0] != "tree"
 
 
 def test_sampled_rows_are_never_offered_a_tree():
     offer = Offer.of([True, False], draft=[DRAFT] * 2, lookup=[LOOKUP] * 2, shared=[0, 0])
     assert offer.shared == [0, None]
-    choice = _policy(1e-5).choose(2, offer, 8)
+    choice = policy_choice(_policy(1e-5), 2, offer, 8)
     assert choice.sources[0] == "tree" and choice.sources[1] != "tree"
 
 
@@ -126,10 +125,10 @@ class TreePolicy(SpeculationPolicy):
         super().__init__("always")
         self.random, self.trees = random.Random(seed), trees
 
-    def plan(self, b):
-        return CyclePlan(draft=True)
+    def prepare(self, b, offer, block, can_draft=True):
+        return CyclePlan(can_draft and block > 1, chooser=lambda offer, seconds: self.choose(b, offer))
 
-    def choose(self, b, offer, block, probe=False):
+    def choose(self, b, offer):
         sources, lengths, branches = [], [], []
         for r in range(b):
             shared = offer.shared[r] if offer.shared is not None else None
@@ -175,19 +174,16 @@ class TreeDecoder(OracleDecoder):
     takes each request's prompt + reference output as it is added."""
 
     def __init__(self, target, prompts, outputs, block_size, trees=1.0, seed=0):
-        super().__init__(target, prompts, outputs, block_size)
-        self.proposer, self.seed, self.queue = "hybrid", seed, []
+        super().__init__(target, prompts, outputs, block_size, proposer="hybrid")
+        self.seed, self.queue = seed, []
         self.policy = TreePolicy(seed, trees)
 
-    def new_proposer(self, stopwatch):
+    def new_oracle(self):
         return PartlyRightProposer(self.queue, self.target.vocab_size, self.seed)
 
     def add(self, session, prompt, config):
         self.queue.append(self.reference[tuple(prompt)])
         return session.add([prompt], config)
-
-    def new_lookup(self):
-        return LookupProposer()
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +274,7 @@ def test_trees_with_requests_joining_a_running_batch(tiny_models):
 def test_hybrid_with_a_real_draft_verifies_trees_and_stays_exact(tiny_models):
     """The shipped decoder (`proposer="hybrid"`, `speculate="always"`, real tiny draft): the policy
     itself chooses trees where they are expected to commit more, and the output is exact."""
-    from dflash2.decoding.engine import SpeculativeDecoder
+    from dflash2.decoding.loop.engine import SpeculativeDecoder
 
     target = tiny_models["llama"]
     prompts, expected = reference("llama", target)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dflash2.errors import DFlash2Error
-from dflash2.weights import require_finite
+from dflash2.files.weights import require_finite
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])

@@ -2,25 +2,26 @@
 llama.cpp, compared token for token and cycle for cycle with this project's engine.
 
 Run by scripts/engines_check.sh with the project's venv (the engines run in their own venvs through
-the runners of `dflash2.tools.runners`). Writes OUT/results.json and OUT/results.md.
+the runners in scripts/engines/runners). Writes OUT/results.json and OUT/results.md.
 
-    python scripts/engines/check.py [--out runs/engines] [--prompts 4] [--max-new-tokens 64]
-                                    [--llama-prompts 2] [--skip vllm,mlx,llama]
+    python scripts/engines/check.py [--out runs/engines] [--prompts 3] [--max-new-tokens 48]
+                                    [--llama-types f32,bf16,q4_1] [--skip vllm,mlx,llama]
 
 What it checks, all greedy, batch 1, fp32 target (the built-in smollm2, converted HF directory):
 - vLLM CPU + the `dflash-v1` export vs dflash2 with the same (re-loaded) v1 export: identical
   tokens and identical per-cycle acceptance lengths; vLLM alone vs dflash2 autoregressive.
 - MLX + `dflash` + the `dflash2` export vs dflash2 with the same export: tokens and cycles; MLX's
   target alone vs dflash2 autoregressive (where they part, the HF target's top-2 logit gap there).
-- llama.cpp `llama-speculative-simple --spec-type draft-dflash` + the `gguf` export against the
-  target's own GGUF (Q4_1): it loads and accepts (drafted / accepted counts).
+- llama.cpp `llama-speculative-simple --spec-type draft-dflash --spec-draft-n-max 7` + the `gguf`
+  export (F32) against GGUFs of the target: f32 (the target's GGUF dequantised: the very weights
+  dflash2 runs) must give dflash2's per-cycle acceptance and output prompt by prompt; bf16 (the
+  same, matrices rounded to bfloat16) is compared with dflash2 in bfloat16, q4_1 (the target's own
+  file, other weights) with dflash2 in float32.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,26 +29,30 @@ from pathlib import Path
 
 import torch
 
-from dflash2.decoding.engine import GenerationConfig
+from dflash2.decoding.loop.engine import GenerationConfig
+from dflash2.eval import acceptance_arms as arms
+from dflash2.eval.acceptance import same_text
 from dflash2.eval import engine_peers
 from dflash2.export import ExportSettings, export_draft
+from dflash2.export import llama_cpp
 from dflash2.export.acceptance_cost import classical_decoder, measurement_prompts
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.pipeline import load_decoder, shipped_draft_path
 from dflash2.targets.builtin import BUILTIN_TARGETS, resolve_target
 
 ROOT = Path(__file__).resolve().parents[2]
-LLAMA_BIN = ROOT / ".engines" / "llama.cpp" / "build" / "bin" / "llama-speculative-simple"
 
 
 def log(message: str) -> None:
     print(f"[engines] {message}", file=sys.stderr, flush=True)
 
 
-def ours(pipe, draft_dir: Path | None, prompts, max_new: int) -> list[dict]:
+def ours(pipe, draft_dir: Path | None, prompts, max_new: int, target=None) -> list[dict]:
     log(f"  dflash2 with draft {draft_dir}")
-    draft = DFlash2DraftModel.from_pretrained(draft_dir, dtype=torch.float32) if draft_dir else None
-    decoder = classical_decoder(pipe.decoder.target, draft)
+    target = target or pipe.decoder.target
+    dtype = target.model.dtype
+    draft = DFlash2DraftModel.from_pretrained(draft_dir, dtype=dtype) if draft_dir else None
+    decoder = classical_decoder(target, draft)
     config = GenerationConfig(max_new_tokens=max_new, stop_token_ids=tuple(pipe.stop_token_ids))
     rows = []
     for ids in prompts:
@@ -59,21 +64,15 @@ def ours(pipe, draft_dir: Path | None, prompts, max_new: int) -> list[dict]:
     return rows
 
 
-def engine(runner: str, venv: str, target_dir: str, draft: Path | None, prompts, max_new: int, stops) -> dict:
-    python = ROOT / venv / "bin" / "python"
-    if not python.is_file():
-        return {"ok": False, "error": f"{python} missing (run scripts/engines_check.sh, which creates it)"}
+def engine(short: str, target_dir: str, draft: Path | None, prompts, max_new: int, stops) -> dict:
+    spec = next(p for p in engine_peers.ENGINE_PEERS if p.short == short)
+    python = engine_peers.engine_python(spec)
+    if python is None:
+        return {"ok": False, "error": f"{spec.venv}/bin/python missing (run scripts/engines_check.sh, which creates it)"}
     request = {"target": target_dir, "draft": str(draft) if draft else None, "num_speculative_tokens": 7,
                "threads": torch.get_num_threads(),
                "max_new_tokens": max_new, "stop_token_ids": list(stops), "prompts": {"check": prompts}}
-    with tempfile.TemporaryDirectory(prefix="dflash2-engines-") as tmp:
-        result = Path(tmp) / "result.json"
-        script = engine_peers.RUNNERS / runner
-        proc = subprocess.run([str(python), str(script), str(result)], input=json.dumps(request), text=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        if not result.is_file():
-            return {"ok": False, "error": f"runner exited {proc.returncode}: {proc.stderr.strip()[-600:]}"}
-        return json.loads(result.read_text())
+    return engine_peers.run_runner(spec, python, request)
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -113,28 +112,33 @@ def logit_gap(pipe, ids: list[int], prefix: list[int]) -> dict:
             "top2_gap": float(top.values[0] - top.values[1])}
 
 
-def llama_cpp(target_gguf: Path, draft_gguf: Path, text_prompts: list[str], max_new: int) -> dict:
-    if not LLAMA_BIN.is_file():
-        return {"ok": False, "error": f"{LLAMA_BIN} missing (scripts/engines/build_llama_cpp.sh)"}
-    version = subprocess.run([str(LLAMA_BIN), "--version"], capture_output=True, text=True)
-    runs = []
-    for text in text_prompts:
-        cmd = [str(LLAMA_BIN), "-m", str(target_gguf), "-md", str(draft_gguf), "--spec-type", "draft-dflash",
-               "--spec-draft-n-max", "7", "-p", text, "-n", str(max_new), "--temp", "0", "--top-k", "1",
-               "--seed", "42", "-t", "2", "-c", "4096"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        log_text = proc.stdout + proc.stderr
-        stats = {key: int(m.group(1)) for key in ("n_predict", "n_drafted", "n_accept")
-                 for m in [re.search(rf"{key}\s*=\s*(\d+)", log_text)] if m}
-        speed = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log_text)
-        runs.append({"returncode": proc.returncode, **stats,
-                     "decode_seconds": float(speed.group(2)) if speed else None,
-                     "loaded_dflash2": "DFlash2 conv kernel" in log_text,
-                     "error": None if proc.returncode == 0 else log_text.strip().splitlines()[-1][:400]})
-    ok = all(r["returncode"] == 0 and "n_drafted" in r for r in runs)
-    return {"ok": ok, "runs": runs, "version": (version.stdout + version.stderr).strip().splitlines()[-2:],
-            "command": "llama-speculative-simple -m TARGET.gguf -md draft.gguf --spec-type draft-dflash "
-                       "--spec-draft-n-max 7 -p PROMPT -n N --temp 0 --top-k 1 -t 2"}
+def llama_cpp_checks(pipe, prompts, shipped: Path, scratch: Path, max_new: int, kinds: list[str],
+                     threads: int) -> list[dict]:
+    """llama.cpp with the GGUF export against a GGUF of the target per kind (f32 / bf16: the target's
+    GGUF dequantised, the weights dflash2 runs; q4_1: the target's own file), per-cycle acceptance
+    and output compared with dflash2 at the matching precision (`reference`)."""
+    lc = llama_cpp.find_llama_cpp()
+    job = arms.Job(shipped, resolve_target("smollm2"), BUILTIN_TARGETS["smollm2"].locate_gguf(scratch), prompts,
+                   [pipe.tokenizer.decode(ids) for ids in prompts], max_new, tuple(pipe.stop_token_ids), scratch)
+    block = pipe.decoder.draft.config.block_size
+    reference = {dtype: arms.dflash2_arm(job, dtype).runs for dtype in
+                 sorted({"bfloat16" if kind == "bf16" else "float32" for kind in kinds})}
+    out = []
+    for kind in kinds:
+        arm = arms.llama_cpp_arm(job, lc, kind, block, threads)
+        ref_key = "bfloat16" if kind == "bf16" else "float32"
+        row = {"pair": f"llama.cpp {kind} target GGUF + gguf export vs dflash2 {ref_key} + the shipped draft",
+               "status": arm.status, "error": arm.reason or None, "versions": arm.versions, "notes": arm.notes}
+        if arm.status == "ok":
+            ref = reference[ref_key]
+            row.update(sequences=len(ref),
+                       identical_cycles=sum(a["committed"] == r["committed"] for a, r in zip(arm.runs, ref)),
+                       identical_text=sum(same_text(a["text"], r["tokens"], pipe.tokenizer) for a, r in zip(arm.runs, ref)),
+                       accepted=[a["n_accept"] for a in arm.runs], drafted=[a["n_drafted"] for a in arm.runs],
+                       dflash2_accepted=[sum(c - 1 for c in r["committed"]) for r in ref],
+                       cycles=[a["committed"] for a in arm.runs], dflash2_cycles=[r["committed"] for r in ref])
+        out.append(row)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "runs" / "engines"))
     p.add_argument("--prompts", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--llama-prompts", type=int, default=1)
+    p.add_argument("--llama-types", default="f32,bf16,q4_1", help="target GGUFs llama.cpp runs (f32 / bf16: the "
+                   "target's GGUF dequantised; q4_1: its own)")
+    p.add_argument("--llama-threads", type=int, default=1)
     p.add_argument("--skip", default="", help="comma list of vllm, mlx, llama")
     p.add_argument("--threads", type=int, default=1, help="torch threads of this engine (1 is steadiest on a "
                    "shared 2-core machine)")
@@ -159,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                                              dtype="float32", measure_prompts=0))
         exports[form] = out / "exports" / form
         log(f"  {result.architecture}, {result.tensors} tensors")
-    pipe = load_decoder("smollm2", str(shipped), draft_dtype="float32")
+    pipe = load_decoder("smollm2", str(shipped), dtype="float32", draft_dtype="float32")
     target_dir = str(resolve_target("smollm2"))
     prompts = measurement_prompts(pipe.tokenizer, args.prompts)
     stops, max_new = pipe.stop_token_ids, args.max_new_tokens
@@ -181,32 +187,31 @@ def main(argv: list[str] | None = None) -> int:
     if "vllm" not in skip:
         log("vLLM CPU: target alone, then with the dflash-v1 export")
         results["pairs"].append(compare("vllm (target alone) vs dflash2 autoregressive", base["ar"],
-                                        engine("vllm_runner.py", ".venv-vllm", target_dir, None, prompts, max_new, stops),
+                                        engine("vllm", target_dir, None, prompts, max_new, stops),
                                         cycles=False))
         results["pairs"].append(compare("vllm + dflash-v1 export vs dflash2 + same v1 export", base["v1"],
-                                        engine("vllm_runner.py", ".venv-vllm", target_dir, exports["dflash-v1"],
+                                        engine("vllm-dflash", target_dir, exports["dflash-v1"],
                                                prompts, max_new, stops), cycles=True))
     if "mlx" not in skip:
         log("MLX: target alone, then dflash with the DFlash2 export")
-        mlx_ar = engine("mlx_runner.py", ".venv-mlx", target_dir, None, prompts, max_new, stops)
+        mlx_ar = engine("mlx-dflash", target_dir, None, prompts, max_new, stops)
         pair = compare("mlx (target alone) vs dflash2 autoregressive", base["ar"], mlx_ar, cycles=False)
         if mlx_ar.get("ok"):
             pair["hf_top2_where_mlx_departs"] = [
                 logit_gap(pipe, ids, ref["tokens"][:i]) for ids, ref, i in zip(prompts, base["ar"], pair["first_difference"])
                 if i is not None and i < len(ref["tokens"])]
         results["pairs"].append(pair)
-        mlx_d2 = engine("mlx_runner.py", ".venv-mlx", target_dir, exports["dflash2"], prompts, max_new, stops)
+        mlx_d2 = engine("mlx-dflash", target_dir, exports["dflash2"], prompts, max_new, stops)
         results["pairs"].append(compare("mlx dflash + dflash2 export vs dflash2 + same export", base["dflash2"],
                                         mlx_d2, cycles=True))
         if mlx_ar.get("ok") and mlx_d2.get("ok"):
             results["pairs"].append(compare("mlx dflash + dflash2 export vs mlx target alone (lossless in MLX)",
                                             mlx_ar["datasets"]["check"], mlx_d2, cycles=False))
     if "llama" not in skip:
-        log("llama.cpp: GGUF export against the target's own GGUF")
-        texts = [pipe.tokenizer.decode(ids) for ids in prompts[:args.llama_prompts]]
-        with tempfile.TemporaryDirectory() as scratch:
-            target_gguf = BUILTIN_TARGETS["smollm2"].locate_gguf(Path(scratch))
-            results["llama_cpp"] = llama_cpp(target_gguf, exports["gguf"] / "draft.gguf", texts, max_new)
+        log("llama.cpp: GGUF export against f32 / bf16 GGUFs of the same weights and the target's own Q4_1")
+        with tempfile.TemporaryDirectory(dir=out) as scratch:
+            results["llama_cpp"] = llama_cpp_checks(pipe, prompts, shipped, Path(scratch), max_new,
+                                                    args.llama_types.split(","), args.llama_threads)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     log(f"wrote {out / 'results.json'}")
     print(json.dumps({k: v for k, v in results.items() if k != "pairs"}, indent=1))

@@ -5,15 +5,10 @@
 # Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PYTHON=${PYTHON:-python3}
-VENV=${DFLASH2_MLX_VENV:-.venv-mlx}
+source scripts/engines/venv.sh
 want="mlx[cpu]==0.32.0 mlx-lm==0.31.3 huggingface-hub==1.27.0 dflash==0.1.0"
-stamp="$VENV/.dflash2-installed"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-echo '*' > "$VENV/.gitignore"
-PIP="nice -n 5 $VENV/bin/python -m pip"
+engine_venv "${DFLASH2_MLX_VENV:-.venv-mlx}" "$want"
 $PIP install -q "mlx[cpu]==0.32.0" "mlx-lm==0.31.3" "huggingface-hub==1.27.0"
 $PIP install -q --no-deps "dflash==0.1.0"
 "$VENV/bin/python" -c "import mlx.core as mx, mlx_lm, dflash.model_mlx; print('[mlx] ok: mlx', mx.__version__, mx.default_device())" >&2
-echo "$want" > "$stamp"
+engine_done

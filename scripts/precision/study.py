@@ -7,7 +7,7 @@
 `mismatch`: the 24 prompts of scripts/precision/prompts (six kinds, four each), T=0, batch 1, the
 default target in --dtype (default bfloat16): plain decoding and the speculative decoders (hybrid,
 the draft alone) under three numerics: `model` (the LM head at the model's precision: before
-issue 44), `float32` (decoding.full_logits, the default now) and `exact` (float32 logits and
+issue 44), `float32` (decoding.verifier.full_logits, the default now) and `exact` (float32 logits and
 --exact-verify). Each speculative output is compared with plain decoding under the same numerics and
 every mismatch classified by eval.audit (float32 target margin at the first divergence).
 `bound`: how far a decoding's difference of two logits strays from the float32 target's, for the
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash2.data.prompts import load_conversations
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.eval.audit import Reference, audit
 from dflash2.pipeline import load_decoder
 from dflash2.targets.builtin import load_target_model

@@ -23,7 +23,8 @@ against this torch build and machine, the dtype's name (`devices.settle`), befor
 command that loads a target (generate, serve, regenerate and yardstick add it themselves). `add_recalibrate_argument(p)` is
 the one `--recalibrate` of every command that decodes (generate, bench, analyze, cycles,
 yardstick, serve); `apply_recalibrate(args)` passes it on to the cost model's calibration store. `parse_list(text, what)` splits a
-comma-separated option, refusing an empty one.
+comma-separated option, refusing an empty one. `say(message, who)`: one progress line of a command
+on stderr, `who: message`, written around any progress bar on the screen.
 """
 from __future__ import annotations
 
@@ -34,9 +35,9 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Callable, NoReturn
 
-from dflash2.cache import RECALIBRATE_ENV
+from dflash2.files.cache import RECALIBRATE_ENV
 from dflash2.errors import DFlash2Error, require
-from dflash2.machine import check_threads
+from dflash2.runtime.machine import check_threads
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -108,12 +109,12 @@ class ModelSettings:
     tiny: bool = False            # random tiny models (tests)
     proposer: str | None = None   # draft | lookup | hybrid; None: the pipeline's default
     lattice: bool = False         # the draft's lattice's second path as a tree branch (greedy rows)
-    exact_verify: bool = False    # verify passes reproduce one-token steps (`decoding.exact_verify`)
+    exact_verify: bool = False    # verify passes reproduce one-token steps (`decoding.verifier.exact`)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ModelSettings":
         """The options of `add_model_arguments`, checked (the device against this torch and machine)."""
-        from dflash2.devices import settle   # imports torch: not for `--help`
+        from dflash2.runtime.devices import settle   # imports torch: not for `--help`
 
         device, _ = settle(args.device, args.dtype)
         settings = cls(args.target, args.draft, device, args.dtype, args.seed, args.threads, args.speculate,
@@ -161,7 +162,7 @@ def add_model_arguments(parser, several_proposers: bool = False) -> None:
     parser.add_argument("--lattice", action="store_true",
                         help="let greedy rows verify the second path of the draft's candidate lattice beside its "
                              "path as a token tree, where the cost model says it pays (off by default: it did "
-                             "not pay on a 2-core CPU, BENCHMARKS.md section 8)")
+                             "not pay on a 2-core CPU, BENCHMARKS.md section 1.3)")
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
     add_recalibrate_argument(parser)
 
@@ -191,6 +192,12 @@ def add_recalibrate_argument(parser) -> None:
 def apply_recalibrate(args: argparse.Namespace) -> None:
     if getattr(args, "recalibrate", False):
         os.environ[RECALIBRATE_ENV] = "1"
+
+
+def say(message: str, who: str = "dflash2") -> None:
+    from tqdm import tqdm
+
+    tqdm.write(f"{who}: {message}", file=sys.stderr)
 
 
 def parse_list(text: str, what: str) -> list[str]:

@@ -17,7 +17,8 @@ output is out (`main`; 1.2-1.7 s saved).
     dflash2 generate --prompt TEXT [--target smollm2] [--draft DIR | --no-draft] [--compare] [--json]
     dflash2 init-draft --target T --out DIR [--layers 5] [--block-size 8] [--no-conv] [--no-selector] [--force]
     dflash2 convert-target NAME            # convert a built-in GGUF target once, into the cache
-    dflash2 regenerate ... / train ... / ablation ... / bench ... / analyze ... / export ...   (see each --help)
+    dflash2 regenerate ... / train ... / ablation ... / bench ... / analyze ... / export ... / acceptance ...
+                                           (see each --help)
 """
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ from pathlib import Path
 from dflash2.argparsing import (OneLineParser, add_device_arguments, add_recalibrate_argument, apply_recalibrate,
                                 exit_now, run_command)
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import refuse_existing_output
+from dflash2.files.atomic import refuse_existing_output
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape
-from dflash2.userjson import parse_json
+from dflash2.files.userjson import parse_json
 
 # Subcommands implemented in their own modules: name -> (module, help).
 _DELEGATED = {
@@ -44,6 +45,7 @@ _DELEGATED = {
     "analyze": ("dflash2.eval.analyze", "analyse a draft: recall, oracle selector, suffix decay"),
     "yardstick": ("dflash2.eval.yardstick", "real acceptance length of drafts on a fixed held-out + benchmark set"),
     "export": ("dflash2.export.command", "export a draft for vLLM, SGLang, MLX dflash or llama.cpp (GGUF)"),
+    "acceptance": ("dflash2.eval.acceptance", "a draft's acceptance in dflash2 at each precision and in installed engines"),
     "serve": ("dflash2.serve.command", "OpenAI-compatible server: continuous batching, metrics, playground"),
     "loadtest": ("dflash2.tools.loadtest", "bounded load test of a dflash2 server on loopback"),
 }
@@ -114,8 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_generate(args) -> int:
     import torch
 
-    from dflash2.decoding.engine import GenerationConfig
-    from dflash2.machine import check_threads
+    from dflash2.decoding.loop.engine import GenerationConfig
+    from dflash2.runtime.machine import check_threads
     from dflash2.eval.audit import audit, reference_loader
     from dflash2.eval.compare import compare
     from dflash2.pipeline import prepare_decoder

@@ -5,7 +5,8 @@ mismatched draft/target) raises `DFlash2Error` with a one-line message that name
 field or value. The CLI prints that line and exits with status 2, without a traceback.
 Mistakes a caller must tell apart by kind have their own subclass, so callers map them by type,
 never by their text: `ContextLimitError` (a request that does not fit in the target's context,
-with the numbers of the sum it broke).
+with the numbers of the sum it broke), `SettingError` (a setting's bad value: its `name` as the API
+spells it and the `problem`, so a caller that spells it otherwise, e.g. as a flag, can say so).
 """
 
 
@@ -24,6 +25,14 @@ class ContextLimitError(DFlash2Error):
     @property
     def total(self) -> int:
         return self.prompt_tokens + self.max_new_tokens + self.block
+
+
+class SettingError(DFlash2Error):
+    """`name` (as the API spells it) and what is wrong with its value (`problem`)."""
+
+    def __init__(self, name: str, problem: str):
+        self.name, self.problem = name, problem
+        super().__init__(f"{name} {problem}")
 
 
 def require(condition: bool, message: str) -> None:

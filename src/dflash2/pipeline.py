@@ -16,7 +16,7 @@ Contract:
   `plan.check_prompt(ids, config)` applies the engine's context rule with the plan's block size;
   `plan.load()` loads the target's weights and returns the `Pipeline`. `Pipeline.decoder_for(p)`:
   a decoder of the same target and draft proposing from `p` (proposers measured side by side).
-- `proposer` (engine `PROPOSERS`): `lookup` loads no draft (prompt / n-gram lookup alone, with or
+- `proposer` (`decoding.proposers.kinds.PROPOSERS`): `lookup` loads no draft (prompt / n-gram lookup alone, with or
   without `--no-draft`); `draft` and `hybrid` use the draft; None: `DEFAULT_PROPOSER` with a
   trained draft (the user's or the shipped one), `lookup` for a target no trained draft ships for
   (an untrained draft cannot pay; `proposer="draft"` still makes one), and plain decoding with
@@ -25,8 +25,8 @@ Contract:
   chooses them (dflash2's own Llama for SmolLM2 under `auto`; transformers' when asked, for
   Hugging Face `generate()`).
 - `lattice` (default False): the draft's lattice's second path may be verified beside its path as
-  a token tree (`decoding.engine`), where the policy prices it as paying; False: the draft's path
-  alone (measured faster on a 2-core CPU, BENCHMARKS.md section 8).
+  a token tree (`decoding.loop.engine`), where the policy prices it as paying; False: the draft's path
+  alone (measured faster on a 2-core CPU, BENCHMARKS.md section 1.3).
 - `load_decoder(...)` = `prepare_decoder(...).load()` -> `Pipeline` with the decoder, the
   tokenizer, the stop tokens and a one-line description of the draft in use ("untrained" when no
   trained draft exists for that target).
@@ -45,15 +45,16 @@ from pathlib import Path
 import torch
 
 from dflash2.argparsing import ModelSettings
-from dflash2.decoding.context import check_context, effective_block_size
-from dflash2.decoding.engine import LOOKUP_BLOCK_SIZE, PROPOSERS, GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.context import check_context
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.proposers import kinds
 from dflash2.decoding.policy import SPECULATE_MODES
-from dflash2.decoding.verifier import TargetAdapter, context_limit
-from dflash2.decoding import exact_verify as exact_rules
-from dflash2.devices import Precision, native_bfloat16, settle
-from dflash2.dtypes import parse_dtype
+from dflash2.decoding.verifier import exact as exact_rules
+from dflash2.decoding.verifier.adapter import TargetAdapter, context_limit
+from dflash2.runtime.devices import Precision, native_bfloat16, settle
+from dflash2.runtime.dtypes import parse_dtype
 from dflash2.errors import DFlash2Error, require
-from dflash2.machine import require_memory
+from dflash2.runtime.machine import require_memory
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
@@ -62,14 +63,10 @@ from dflash2.targets.builtin import (BUILTIN_TARGETS, TargetFiles, TargetShape, 
                                      open_target)
 from dflash2.targets.chat import choose_mask_token, stop_token_ids
 
-# with a trained draft, the fastest measured (demo chat: hybrid 0.988x, draft 0.974x; grounded 2.57x vs 0.97x;
-# BENCHMARKS.md section 8)
-DEFAULT_PROPOSER = "hybrid"
-
 def draft_dtype_for(name: str, device: str, target_dtype: torch.dtype) -> torch.dtype:
     """`auto`: bfloat16 on CPUs with native bf16 matmul (there the draft is memory-bound), else the
     target's dtype: on CUDA a small draft is launch-bound and ran faster in fp32 than in bf16 (H200,
-    BENCHMARKS.md section 4), while a large target in bf16 gets a bf16 draft. The draft's precision
+    BENCHMARKS.md section 11.3), while a large target in bf16 gets a bf16 draft. The draft's precision
     cannot change the output (the target decides every token)."""
     if name != "auto":
         return parse_dtype(name)
@@ -136,19 +133,9 @@ class Pipeline:
 
     def decoder_for(self, proposer: str) -> SpeculativeDecoder:
         """A decoder of the same target (and draft) whose tokens come from `proposer`, for measuring
-        proposers side by side: `self.decoder` when it is that one; lookup over the target alone
-        (as `--proposer lookup` loads it); draft / hybrid need the draft this pipeline loaded."""
-        own = self.decoder
-        require(proposer in PROPOSERS, f"proposer must be one of {', '.join(PROPOSERS)}, got '{proposer}'")
-        if proposer == own.proposer:
-            return own
-        if proposer == "lookup":
-            return SpeculativeDecoder(TargetAdapter(own.target.model, exact_verify=own.target.exact_verify),
-                                      speculate=own.speculate, proposer="lookup")
-        require(own.draft is not None, f"proposer '{proposer}' needs a draft, and this pipeline loaded none "
-                                       f"(its proposer is '{own.proposer}')")
-        return SpeculativeDecoder(own.target, own.draft, speculate=own.speculate, proposer=proposer,
-                                  lattice=own.lattice)
+        proposers side by side: `self.decoder` when it is that one, else its `variant`."""
+        kinds.check_proposer(proposer)
+        return self.decoder if proposer == self.decoder.proposer else self.decoder.variant(proposer)
 
 
 def check_draft_fits(draft: DFlash2Config, target: TargetFiles, where: str) -> None:
@@ -182,7 +169,7 @@ class DecoderPlan:
     proposer: str | None = None         # None: plain decoding (--no-draft)
     lattice: bool = False               # the draft's lattice's second path as a tree branch
     precision: Precision = FLOAT32
-    exact_verify: bool = False          # verify passes reproduce one-token steps (decoding.exact_verify)
+    exact_verify: bool = False          # verify passes reproduce one-token steps (decoding.verifier.exact)
 
     @property
     def tokenizer(self):
@@ -193,13 +180,10 @@ class DecoderPlan:
         return context_limit(target_text_config(self.target.config))
 
     def block_size(self, config: GenerationConfig) -> int:
-        """The engine's block size rule for the draft `load()` will use (an untrained one: DEFAULT_SHAPE's)."""
-        if self.proposer is None:
-            return 1
-        if self.proposer == "lookup":
-            return effective_block_size(LOOKUP_BLOCK_SIZE, config.block_size)
+        """The engine's block size for the draft `load()` will use (an untrained one: DEFAULT_SHAPE's)."""
         draft = self.draft.config if self.draft is not None else DEFAULT_SHAPE
-        return effective_block_size(draft.block_size, config.block_size)
+        proposer = None if self.speculate == "never" else self.proposer
+        return kinds.block_size(proposer, draft.block_size, config.block_size)
 
     def check_prompt(self, ids: list[int], config: GenerationConfig) -> None:
         """The engine's context rule, before the target's weights load."""
@@ -237,15 +221,14 @@ def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: s
     weights, so bad input fails in well under a second instead of after the target loads."""
     require(speculate in SPECULATE_MODES, f"--speculate must be one of {', '.join(SPECULATE_MODES)}, got '{speculate}'")
     require(not (no_draft and draft is not None), "give at most one of --draft and --no-draft")
-    require(proposer is None or proposer in PROPOSERS,
-            f"--proposer must be one of {', '.join(PROPOSERS)}, got '{proposer}'")
+    kinds.check_proposer(proposer, "--proposer")
     require(not (no_draft and proposer in ("draft", "hybrid")),
             f"--proposer {proposer} needs a draft, and --no-draft asks for none; drop one of them")
     require(not (proposer == "lookup" and draft is not None),
             "--proposer lookup uses no draft, so --draft has no effect; drop one of them")
     chosen = proposer
     if proposer is None:
-        proposer = None if no_draft else DEFAULT_PROPOSER
+        proposer = None if no_draft else kinds.DEFAULT_PROPOSER
     no_draft = no_draft or proposer == "lookup"
     device, precision = settle(device, dtype)
     torch_dtype = precision.torch_dtype

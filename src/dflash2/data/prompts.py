@@ -39,10 +39,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TextIO
 
+from dflash2.data.chat_files import json_lines, read_user_file
 from dflash2.data.conversation import Conversation
 from dflash2.data.synthetic.conversations import iter_synthetic_conversations
 from dflash2.errors import DFlash2Error, require
-from dflash2.userjson import parse_json
 
 BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
 
@@ -148,18 +148,8 @@ def load_prompt_file(path: str | os.PathLike) -> list[Conversation]:
     The dataset name is the file's stem; a record without `id` gets its 1-based line number.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DFlash2Error(f"prompt file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DFlash2Error(f"cannot read prompt file {path}: {exc}") from None
     conversations = []
-    # split("\n"), not splitlines(): a JSON string may hold a raw U+2028, not a line end here.
-    for lineno, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        obj = parse_json(line, f"{path}:{lineno}: this line")
+    for lineno, obj in json_lines(path, read_user_file(path)):
         turns, problem = _parse_prompt_line(obj)
         if turns is None:
             raise DFlash2Error(f"{path}:{lineno}: {problem}")

@@ -23,6 +23,12 @@ Contract:
   manifest's value (else a one-line `DFlash2Error` names the first differing field), and a record
   whose id is already stored is refused. A non-empty directory without a manifest is refused.
   One writer at a time: the directory is locked (`.writer.lock`, removed on close).
+- `InOrder(writer, ids)` hands records to a writer in the order of `ids` whatever order they are
+  finished in (`put(id, record)`; `record=None`: that id is given up), holding back the ones whose
+  turn has not come; `drain()` (an interruption, or the end) writes what is held, in order, past the
+  gaps. Regeneration writes through it, so the same prompts give the same shard bytes whatever the
+  batch size or the number of concurrent requests (shard files are byte-deterministic: fixed
+  timestamps in the archive).
 - `check_output_dir(dir)`: whether a directory can take shards (new, empty, or a shard directory),
   without writing anything. `load_manifest(dir)` reads and checks a manifest; `read_records(dir)` yields every stored record
   in shard order (checking each shard's sha256 and record count); `done_ids(dir)` is the set of
@@ -38,6 +44,7 @@ import json
 import os
 import re
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -46,7 +53,7 @@ import numpy as np
 
 from dflash2 import __version__
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import atomic_write, require_creatable
+from dflash2.files.atomic import atomic_write, require_creatable
 
 FORMAT = "dflash2-token-shards"
 FORMAT_VERSION = 1
@@ -55,6 +62,7 @@ LOCK = ".writer.lock"
 FINISH_REASONS = ("stop", "length")
 _SHARD_NAME = re.compile(r"shard-(\d{5,})\.npz")
 _ARRAYS = ("tokens", "offsets", "prompt_lengths", "finish_reasons", "ids")
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)   # the earliest time a zip member can carry
 
 
 @dataclass
@@ -159,8 +167,15 @@ def _encode_shard(records: list[Record]) -> bytes:
         "finish_reasons": np.array([FINISH_REASONS.index(r.finish_reason) for r in records], dtype=np.int8),
         "ids": np.array([r.id for r in records], dtype=np.str_),
     }
+    # np.savez_compressed's layout (one `NAME.npy` member per array, deflated), with a fixed member
+    # timestamp instead of the clock's, so that equal records give equal bytes
     buffer = io.BytesIO()
-    np.savez_compressed(buffer, **arrays)
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, array in arrays.items():
+            member = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_EPOCH)
+            member.compress_type = zipfile.ZIP_DEFLATED
+            with archive.open(member, "w", force_zip64=True) as handle:
+                np.lib.format.write_array(handle, array, allow_pickle=False)
     return buffer.getvalue()
 
 
@@ -363,3 +378,28 @@ class ShardWriter:
             (self.out_dir / MANIFEST).unlink(missing_ok=True)
             if self._made_dir and not any(self.out_dir.iterdir()):
                 self.out_dir.rmdir()
+
+
+class InOrder:
+    """Records to a `ShardWriter` in a fixed order of ids, whatever order they finish in."""
+
+    def __init__(self, writer: ShardWriter, ids: list[str]):
+        self.writer, self.order, self.next = writer, list(ids), 0
+        self.held: dict[str, Record | None] = {}
+
+    def put(self, record_id: str, record: Record | None) -> None:
+        """`record` (None: `record_id` is given up) is written once every id before it is."""
+        self.held[record_id] = record
+        while self.next < len(self.order) and self.order[self.next] in self.held:
+            ready = self.held.pop(self.order[self.next])
+            self.next += 1
+            if ready is not None:
+                self.writer.add(ready)
+
+    def drain(self) -> None:
+        """Write every record still held, in order (the ids between them never came)."""
+        for record_id in self.order[self.next:]:
+            ready = self.held.pop(record_id, None)
+            if ready is not None:
+                self.writer.add(ready)
+        self.next = len(self.order)

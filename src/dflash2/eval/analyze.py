@@ -36,17 +36,17 @@ from tqdm import tqdm
 from dflash2.argparsing import ModelSettings, OneLineParser, add_model_arguments, parse_list
 from dflash2.data.prompts import load_conversations
 from dflash2.eval import plots
-from dflash2.fileio import check_output, markdown_table, write_json, write_text
+from dflash2.files.atomic import check_output, markdown_table, write_json, write_text
 from dflash2.pipeline import build_pipeline
-from dflash2.provenance import git_commit, machine_info, machine_line
+from dflash2.runtime.provenance import git_commit, machine_info, machine_line
 from dflash2.targets.chat import first_turns
 from dflash2.model.draft import apply_rope, rope_cos_sin
 from dflash2.model.mask import block_visibility
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.errors import require
 from dflash2.pipeline import Pipeline
-from dflash2.decoding.proposer import DraftProposer
-from dflash2.decoding.timing import Stopwatch
+from dflash2.decoding.proposers.draft import DraftProposer
+from dflash2.decoding.loop.timing import Stopwatch
 
 
 @dataclass(frozen=True)
@@ -302,7 +302,7 @@ def run_analysis(pipe: Pipeline, args: AnalyzeSettings) -> dict:
     prompts = [p for convs in conversations.values() for p in first_turns(convs, pipe.tokenizer)]
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop_token_ids=tuple(pipe.stop_token_ids),
                               seed=args.model.seed)
-    ar = SpeculativeDecoder(pipe.decoder.target)
+    ar = pipe.decoder.variant(speculate="never")
     sequences = []
     for ids in tqdm(prompts, desc="target greedy continuations", unit="prompt"):
         sequences.append((len(ids), ids + ar.generate([ids], config)[0].tokens))

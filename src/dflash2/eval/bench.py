@@ -3,7 +3,7 @@
 Contract: `main(argv)` (and `run_bench(pipe, settings: BenchSettings)` for a pre-built `Pipeline`;
 `parse_args(argv)` builds the settings, other code such as the ablation builds them directly) decodes every
 prompt of each dataset with the SAME engine and batch size: speculatively (target + draft) and
-autoregressively (`SpeculativeDecoder(target)`, no draft), batch by batch, interleaved, in
+autoregressively (the decoder's plain `variant`, no draft), batch by batch, interleaved, in
 batches of each `--concurrency` value. `--proposer draft,lookup,hybrid` measures several proposers
 side by side in one run: each its own decoder over the same target and draft
 (`Pipeline.decoder_for`), all decoded in turn batch by batch beside ONE autoregressive baseline
@@ -54,7 +54,8 @@ from tqdm import tqdm
 
 from dflash2.argparsing import ModelSettings, OneLineParser, add_model_arguments, parse_list
 from dflash2.data.prompts import BENCHMARKS, load_conversations
-from dflash2.decoding.engine import PROPOSERS, GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.proposers.kinds import PROPOSERS
 from dflash2.errors import DFlash2Error, require
 from dflash2.eval import engine_peers, float32_reference
 from dflash2.eval import peers as peer_runs
@@ -63,9 +64,10 @@ from dflash2.eval import plots
 from dflash2.eval.bench_report import render_markdown
 from dflash2.eval.bench_runs import DEFINITIONS, DatasetRun, PairRuns, Side, entry
 from dflash2.eval.parts import PartStore, run_fingerprint, weights_digest
-from dflash2.fileio import check_output, fmt, write_json, write_text
+from dflash2.files.atomic import check_output, fmt, write_json, write_text
 from dflash2.pipeline import Pipeline, build_pipeline, shipped_draft_path
-from dflash2.provenance import cpu_ticks, git_commit, machine_identity, machine_info, machine_line, steal_share
+from dflash2.runtime.provenance import cpu_ticks, git_commit, machine_identity, machine_info, machine_line, steal_share
+from dflash2.runtime.dtypes import parse_dtype
 from dflash2.targets.builtin import BUILTIN_TARGETS, load_target_model, open_target, resolve_target
 from dflash2.targets.chat import encode_messages
 from dflash2.targets.grouped_attention import stock_attention
@@ -353,7 +355,7 @@ def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
     config = bench.generation(pipe.stop_token_ids)
     config.validate()
     greedy = config.temperature <= 0
-    ar = SpeculativeDecoder(pipe.decoder.target) if bench.baseline else None
+    ar = pipe.decoder.variant(speculate="never") if bench.baseline else None
     decoders = bench_decoders(pipe, bench.proposers)
     lead = next(iter(decoders))
     block = decoders[lead].block_size(config)
@@ -375,8 +377,8 @@ def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
     for decoder in [ar, *decoders.values()]:  # untimed warm-up: first-call overheads hit no side's figures
         if decoder is not None:
             decoder.generate([warm], GenerationConfig(max_new_tokens=min(8, bench.max_new_tokens), seed=model.seed))
-    for decoder in decoders.values():  # the timed runs start with what the warm-up measured of the machine
-        decoder.policy = decoder.policy.fresh()  # (costs) but nothing of the draft or a fallback
+    # the timed runs start with what the warm-up measured of the machine (costs), nothing of the draft
+    decoders = {name: decoder.variant() for name, decoder in decoders.items()}
 
     runs: dict[str, DatasetRun] = {}
     ticks, commit = cpu_ticks(), git_commit()   # the commit whose code runs, read before the (long) run

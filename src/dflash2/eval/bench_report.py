@@ -12,7 +12,7 @@ renders the same report again.
 """
 from __future__ import annotations
 
-from dflash2.fileio import markdown_table
+from dflash2.files.atomic import markdown_table
 
 
 def render_markdown(results: dict) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from dflash2.decoding.stats import BatchTiming, RowStats
+from dflash2.decoding.loop.stats import BatchTiming, RowStats
 
 DEFINITIONS = {
     "acceptance_length": "committed tokens / verification passes, bonus token counted, prefill token excluded; "

@@ -1,13 +1,12 @@
 """`generate --compare`: the speculative decoder against the autoregressive baseline, like with like.
 
 Contract: `compare(decoder, ids, config, run=None)` -> `Comparison`. First an untimed warm-up:
-each of the two decoders (the speculative one, and `baseline_of(decoder)`: plain decoding on the
-same target) decodes `ids` for at most `WARMUP_TOKENS` tokens, so the one-time costs of a process
+each of the two decoders (the speculative one, and its plain-decoding `variant` on the same
+target) decodes `ids` for at most `WARMUP_TOKENS` tokens, so the one-time costs of a process
 (the first prefill of this prompt's length, the allocator, kernel and thread-pool set-up, the cost
-model's calibration) fall on neither timed run. Then the speculative decoder's policy starts
-fresh (it keeps its cost model, forgets what the warm-up taught it of this very prompt), and the
-two timed runs follow: `run(decoder)` (default `decoder.generate([ids], config)[0]`; the CLI
-streams) and the baseline's. Each run's time is its own session's, so the warm-up counts in
+model's calibration) fall on neither timed run. Then the timed runs: `run(timed)` (default
+`timed.generate([ids], config)[0]`; the CLI streams), `timed` the decoder's `variant()` (its cost
+model, nothing of what the warm-up taught it of this very prompt), and the baseline's. Each run's time is its own session's, so the warm-up counts in
 neither. `Comparison.speedup` is the ratio of their tokens per second.
 """
 from __future__ import annotations
@@ -15,13 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from dflash2.decoding.engine import GenerationConfig, GenerationResult, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig, GenerationResult, SpeculativeDecoder
 
 WARMUP_TOKENS = 16
-
-
-def baseline_of(decoder: SpeculativeDecoder) -> SpeculativeDecoder:
-    return type(decoder)(decoder.target)
 
 
 def _tokens_per_second(result: GenerationResult) -> float:
@@ -55,8 +50,8 @@ def warm_up(decoders: tuple[SpeculativeDecoder, ...], ids: list[int], config: Ge
 
 def compare(decoder: SpeculativeDecoder, ids: list[int], config: GenerationConfig,
             run: Callable[[SpeculativeDecoder], GenerationResult] | None = None) -> Comparison:
-    baseline = baseline_of(decoder)
+    baseline = decoder.variant(speculate="never")
     warm_up((decoder, baseline), ids, config)
-    decoder.policy = decoder.policy.fresh()
-    speculative = run(decoder) if run is not None else decoder.generate([ids], config)[0]
+    timed = decoder.variant()
+    speculative = run(timed) if run is not None else timed.generate([ids], config)[0]
     return Comparison(speculative, baseline.generate([ids], config)[0])

@@ -14,7 +14,9 @@ runs one engine in its own virtual environment through its runner script (`vllm_
 variable, else the spec's venv directory in the current directory or the source checkout. A
 missing venv is `unavailable` with the command that creates it. Greedy only: at T > 0 the engines
 are reported `unavailable` (their runners decode greedily, which the lossless comparison needs).
-`exported_draft(draft_dir, form, scratch)` writes the export the engine loads.
+`exported_draft(draft_dir, form, scratch)` writes the export the engine loads;
+`run_runner(spec, python, request)` is the one call of a runner script (its result JSON, or
+`{"ok": false, "error": ...}`), shared with `dflash2 acceptance` and scripts/engines/check.py.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from pathlib import Path
 from dflash2.eval.peers import _report, _run_streaming, summarize
 from dflash2.export import ExportSettings, export_draft
 
-RUNNERS = Path(__file__).resolve().parents[1] / "tools" / "runners"   # out-of-process engine scripts
+RUNNERS = Path(__file__).resolve().parents[3] / "scripts" / "engines" / "runners"   # out-of-process engine scripts
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,24 @@ def exported_draft(draft_dir: str, form: str, scratch: Path) -> Path:
     return out
 
 
+def run_runner(spec: EnginePeer, exe: Path, request: dict, timeout: float = 6 * 3600) -> dict:
+    """The runner's answer to `request` (its result JSON), or {"ok": false, "error": one line} when
+    it could not start (then also "cannot_start": true), timed out or wrote no result."""
+    with tempfile.TemporaryDirectory(prefix="dflash2-engine-") as tmp:
+        result_file = Path(tmp) / "result.json"
+        try:
+            code, tail = _run_streaming([str(exe), str(RUNNERS / spec.runner), str(result_file)], json.dumps(request),
+                                        timeout)
+        except OSError as err:
+            return {"ok": False, "cannot_start": True, "error": f"cannot start {exe}: {err}"}
+        if code is None:
+            return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
+        if not result_file.is_file():
+            last = [line for line in tail if line.strip()][-1:] or ["no output"]
+            return {"ok": False, "error": f"runner exited {code}: {last[0][:400]}"}
+        return json.loads(result_file.read_text())
+
+
 def engine_peer(spec: EnginePeer, python: str | None, target_dir: str | None, draft_dir: str | None,
                 prompts: dict[str, list[list[int]]], ar_outputs: dict[str, list[list[int]]] | None,
                 config, stop_ids, scratch: Path, timeout: float = 6 * 3600) -> dict:
@@ -91,21 +111,10 @@ def engine_peer(spec: EnginePeer, python: str | None, target_dir: str | None, dr
         return _report("unavailable", spec.description, reason=f"export failed: {err}")
     request = {"target": str(target_dir), "draft": draft, "num_speculative_tokens": 7,
                "max_new_tokens": config.max_new_tokens, "stop_token_ids": list(stop_ids), "prompts": prompts}
-    with tempfile.TemporaryDirectory(prefix="dflash2-engine-") as tmp:
-        result_file = Path(tmp) / "result.json"
-        runner = RUNNERS / spec.runner
-        try:
-            code, tail = _run_streaming([str(exe), str(runner), str(result_file)], json.dumps(request), timeout)
-        except OSError as err:
-            return _report("unavailable", spec.description, reason=f"cannot start {exe}: {err}")
-        if code is None:
-            return _report("failed", spec.description, reason=f"timed out after {timeout:.0f} s")
-        if not result_file.is_file():
-            last = [line for line in tail if line.strip()][-1:] or ["no output"]
-            return _report("failed", spec.description, reason=f"runner exited {code}: {last[0][:400]}")
-        result = json.loads(result_file.read_text())
+    result = run_runner(spec, exe, request, timeout)
     if not result.get("ok"):
-        return _report("failed", spec.description, reason=result.get("error"), traceback=result.get("traceback"))
+        status = "unavailable" if result.get("cannot_start") else "failed"
+        return _report(status, spec.description, reason=result.get("error"), traceback=result.get("traceback"))
     report = _report("ok", spec.description, versions=result["versions"])
     report["notes"] = list(result.get("notes", []))
     everything, refs = [], []

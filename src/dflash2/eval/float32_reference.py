@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import time
 
-from dflash2.decoding.engine import SpeculativeDecoder
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.decoding.loop.engine import SpeculativeDecoder
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.eval.audit import Audit, Reference, audit
 from dflash2.eval.bench_runs import DatasetRun
 from dflash2.eval.peers import summarize

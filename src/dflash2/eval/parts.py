@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from dflash2.fileio import atomic_write
+from dflash2.files.atomic import atomic_write
 
 
 def weights_digest(*modules) -> str:

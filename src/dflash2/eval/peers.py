@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 from transformers import GenerationConfig as HFConfig
 
-RUNNER = Path(__file__).resolve().parents[1] / "tools" / "runners" / "reference_runner.py"
+RUNNER = Path(__file__).resolve().parents[3] / "scripts" / "engines" / "runners" / "reference_runner.py"
 PEER_NAMES = ("hf", "pld", "dflash")   # the peers run here; `engine_peers` adds the engines
 
 

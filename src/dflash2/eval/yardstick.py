@@ -34,15 +34,15 @@ from pathlib import Path
 from dflash2.data.holdout import is_held_out
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
 from dflash2.argparsing import OneLineParser, add_device_arguments, add_recalibrate_argument, apply_recalibrate
-from dflash2.devices import settle
+from dflash2.runtime.devices import settle
 from dflash2.data.shards import load_manifest, read_records
-from dflash2.decoding.engine import GenerationConfig
-from dflash2.decoding.proposer import DRAFT_PHASES
+from dflash2.decoding.loop.engine import GenerationConfig
+from dflash2.decoding.proposers.draft import DRAFT_PHASES
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import atomic_write, require_writable
+from dflash2.files.atomic import atomic_write, require_writable
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.pipeline import load_decoder
-from dflash2.provenance import cpu_model, git_commit, machine_identity
+from dflash2.runtime.provenance import cpu_model, git_commit, machine_identity
 from dflash2.targets.chat import encode_messages
 
 TEMPERATURES = {"t0": dict(temperature=0.0), "t1": dict(temperature=1.0, top_p=0.95, top_k=20)}

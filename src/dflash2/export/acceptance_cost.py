@@ -7,13 +7,17 @@ and with `exported` (the re-loaded export) on the same target adapter, and retur
 result's `stats`) and whether both outputs are identical (greedy: both are the target's own).
 `measurement_prompts(tokenizer, n)` takes n prompts round-robin from the shipped benchmark sets
 (GSM8K, MATH-500, HumanEval, MBPP, MT-Bench first turns), chat-encoded.
+`draft_runs(target, draft, prompts, max_new_tokens, stop_ids, block_size)` decodes each prompt
+that way (greedy, batch 1; `block_size` None: the draft's own, k + 1: at most k drafts per cycle,
+the draft run on a block of k + 1 positions as llama.cpp's `--spec-draft-n-max k` runs it);
+`expected_tokens_by_width(...)` is E(k), the pooled tokens per cycle, for each k.
 """
 from __future__ import annotations
 
 import inspect
 
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.loop.engine import GenerationConfig, GenerationResult, SpeculativeDecoder
 from dflash2.export.settings import AcceptanceCost
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.pipeline import Pipeline
@@ -35,6 +39,19 @@ def classical_decoder(target, draft: DFlash2DraftModel | None) -> SpeculativeDec
     return SpeculativeDecoder(target, draft)
 
 
+def draft_runs(target, draft: DFlash2DraftModel | None, prompts: list[list[int]], max_new_tokens: int,
+               stop_ids, block_size: int | None = None) -> list[GenerationResult]:
+    config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, block_size=block_size,
+                              stop_token_ids=tuple(stop_ids))
+    decoder = classical_decoder(target, draft)
+    return [decoder.generate([ids], config)[0] for ids in prompts]
+
+
+def expected_tokens_by_width(target, draft: DFlash2DraftModel, prompts: list[list[int]], max_new_tokens: int,
+                             stop_ids, widths) -> dict[int, float]:
+    return {k: _pooled(draft_runs(target, draft, prompts, max_new_tokens, stop_ids, k + 1)) for k in widths}
+
+
 def _pooled(results) -> float:
     cycles = sum(r.stats.cycles for r in results)
     return sum(r.stats.acceptance_length * r.stats.cycles for r in results) / cycles if cycles else 0.0
@@ -42,12 +59,9 @@ def _pooled(results) -> float:
 
 def measure_cost(pipe: Pipeline, exported: DFlash2DraftModel, prompts: list[list[int]],
                  max_new_tokens: int) -> AcceptanceCost:
-    config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0,
-                              stop_token_ids=tuple(pipe.stop_token_ids))
-    original_decoder = classical_decoder(pipe.decoder.target, pipe.decoder.draft)
-    exported_decoder = classical_decoder(pipe.decoder.target, exported)
-    original = [original_decoder.generate([ids], config)[0] for ids in prompts]
-    stripped = [exported_decoder.generate([ids], config)[0] for ids in prompts]
+    target, stops = pipe.decoder.target, pipe.stop_token_ids
+    original = draft_runs(target, pipe.decoder.draft, prompts, max_new_tokens, stops)
+    stripped = draft_runs(target, exported, prompts, max_new_tokens, stops)
     return AcceptanceCost(
         prompts=len(prompts), new_tokens_per_prompt=max_new_tokens,
         original_acceptance_length=_pooled(original), exported_acceptance_length=_pooled(stripped),

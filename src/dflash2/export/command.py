@@ -2,17 +2,22 @@
 
 Contract: `main(argv)` parses, runs `export_draft` and prints what was written (files, parts
 completed or dropped, the acceptance cost of `dflash-v1`, the command that serves the result).
+For `--to gguf` it then says whether the draft pays in llama.cpp on this machine and with which
+settings (`llama_cpp_advice`, `speculation_advice`) where llama.cpp is found (`--llama-cpp DIR`,
+`$DFLASH2_LLAMA_CPP`, PATH, the scripts' install), else how to install it; `--no-advice` skips it.
 Bad arguments, like every `DFlash2Error`, become one line `error: ...` with exit status 2 (the
 parser raises instead of printing its usage), checked before anything slow loads.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 from dflash2.argparsing import OneLineParser, run_command
 from dflash2.export.exporter import export_draft
-from dflash2.export.settings import DTYPES, FORMS, ExportResult, ExportSettings
+from dflash2.export import llama_cpp
+from dflash2.export.settings import DTYPES, FORMS, GGUF_FILE, ExportResult, ExportSettings
 
 SERVE_HINTS = {
     "dflash2": "serve it: vLLM (GPU, V2 runner) --speculative-config "
@@ -25,7 +30,7 @@ SERVE_HINTS = {
 }
 
 
-def parse_settings(argv: list[str]) -> ExportSettings:
+def parse_settings(argv: list[str]) -> tuple[argparse.Namespace, ExportSettings]:
     p = OneLineParser(prog="dflash2 export", description="Export a draft for vLLM, SGLang, MLX dflash or llama.cpp.")
     p.add_argument("draft", help="draft checkpoint directory (config.json + model.safetensors)")
     p.add_argument("--to", required=True, choices=FORMS, help="dflash2 (published layout), dflash-v1 (no convs, no "
@@ -39,11 +44,16 @@ def parse_settings(argv: list[str]) -> ExportSettings:
                    "auto: the dtype the checkpoint stores")
     p.add_argument("--measure-prompts", type=int, default=4, help="dflash-v1: prompts for the acceptance cost (0: skip)")
     p.add_argument("--measure-tokens", type=int, default=64, help="dflash-v1: new tokens per prompt")
+    p.add_argument("--llama-cpp", default=None, help="gguf: directory of llama.cpp's programs, for the advice on "
+                   "whether the draft pays there (default: $DFLASH2_LLAMA_CPP, PATH, or the scripts' install)")
+    p.add_argument("--no-advice", action="store_true", help="gguf: skip measuring whether the draft pays in llama.cpp")
     p.add_argument("--full-vocabulary", action="store_true",
                    help="a draft with a reduced draft vocabulary (d2t/t2d): export it without the mapping, so it "
                         "scores the target's whole vocabulary as engines expect (its acceptance cost is measured)")
     args = p.parse_args(argv)
-    return ExportSettings(draft=Path(args.draft), form=args.to, out=Path(args.out), force=args.force,
+    if args.to == "gguf" and not args.no_advice and args.llama_cpp:
+        llama_cpp.find_llama_cpp(args.llama_cpp)   # a wrong directory fails now, before the export
+    return args, ExportSettings(draft=Path(args.draft), form=args.to, out=Path(args.out), force=args.force,
                           full_vocabulary=args.full_vocabulary,
                           target=args.target, dtype=args.dtype, measure_prompts=args.measure_prompts,
                           measure_tokens=args.measure_tokens)
@@ -62,9 +72,21 @@ def report(result: ExportResult) -> str:
     return "\n".join(lines)
 
 
+def advice(args: argparse.Namespace, result: ExportResult) -> list[str]:
+    lc = llama_cpp.find_llama_cpp(args.llama_cpp)
+    if lc is None:
+        return [f"whether this draft pays in llama.cpp here is not measured: {llama_cpp.INSTALL_HINT}"]
+    from dflash2.export.llama_cpp_advice import advice_for_export
+    return advice_for_export(lc, args.target, Path(args.draft), result.out / GGUF_FILE,
+                             max(args.measure_prompts, 1), args.measure_tokens)
+
+
 def main(argv: list[str] | None = None) -> int:
-    settings = parse_settings(list(sys.argv[1:] if argv is None else argv))
-    print(report(export_draft(settings)))
+    args, settings = parse_settings(list(sys.argv[1:] if argv is None else argv))
+    result = export_draft(settings)
+    print(report(result), flush=True)
+    if settings.form == "gguf" and not args.no_advice:
+        print("\n".join(advice(args, result)))
     return 0
 
 

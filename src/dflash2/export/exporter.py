@@ -33,12 +33,12 @@ from dflash2.export.engine_config import engine_config
 from dflash2.export.gguf_format import write_gguf
 from dflash2.export.hf_layout import write_checkpoint
 from dflash2.export.settings import GGUF_FILE, ExportResult, ExportSettings
-from dflash2.fileio import atomic_directory, remove_own
+from dflash2.files.atomic import atomic_directory, remove_own
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel, read_config
 from dflash2.pipeline import Pipeline, load_decoder
 from dflash2.targets.builtin import BUILTIN_TARGETS
-from dflash2.weights import stored_dtype, weight_files
+from dflash2.files.weights import stored_dtype, weight_files
 
 
 def _check_target_for_measurement(target: str) -> None:

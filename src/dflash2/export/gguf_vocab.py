@@ -10,8 +10,9 @@ Contract:
   file given as such, or a built-in target's own GGUF (`dflash2.targets.builtin`). Anything else
   raises a one-line `DFlash2Error` saying what to pass. `check_target_gguf(target)` does the cheap
   part of that check (no file is read or assembled) for validation before anything slow.
-- `read_vocab(path)` -> `TargetVocab`: the `tokenizer.*` fields with their GGUF value types and
-  the token count.
+- `read_fields(reader, keep)` -> the metadata fields of an open GGUF whose names `keep` accepts,
+  with their GGUF value types (the one reader of metadata for copying it into another file);
+  `read_vocab(path)` -> `TargetVocab`: the `tokenizer.*` fields and the token count.
 - `add_vocab(writer, vocab, mask_token_id)` writes them into a `gguf.GGUFWriter` (the target's own
   MASK id, if it has one, is replaced by the draft's).
 """
@@ -21,7 +22,7 @@ import contextlib
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
@@ -65,15 +66,20 @@ def target_gguf(target: str) -> Iterator[Path]:
         yield BUILTIN_TARGETS[target].locate_gguf(Path(scratch))
 
 
-def read_vocab(path: Path) -> TargetVocab:
-    reader = GGUFReader(str(path))
+def read_fields(reader: GGUFReader, keep: Callable[[str], bool]) -> list[VocabField]:
     fields = []
     for name, field in reader.fields.items():
-        if not name.startswith("tokenizer.") or name == MASK_KEY:
+        if name.startswith("GGUF.") or not keep(name):   # GGUF.*: the header, not metadata
             continue
         vtype = field.types[0]
         sub_type = field.types[1] if vtype == GGUFValueType.ARRAY else None
         fields.append(VocabField(name, field.contents(), vtype, sub_type))
+    return fields
+
+
+def read_vocab(path: Path) -> TargetVocab:
+    reader = GGUFReader(str(path))
+    fields = read_fields(reader, lambda name: name.startswith("tokenizer.") and name != MASK_KEY)
     tokens = next((f.value for f in fields if f.name == TOKENS_KEY), None)
     require(tokens is not None, f"target GGUF '{path}' has no tokenizer ({TOKENS_KEY} is missing)")
     return TargetVocab(path, tuple(fields), len(tokens))

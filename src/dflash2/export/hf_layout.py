@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from dflash2.dtypes import DTYPES
+from dflash2.runtime.dtypes import DTYPES
 from dflash2.model.draft import DFlash2DraftModel
-from dflash2.tensorfiles import save_safetensors
+from dflash2.files.weights import save_safetensors
 
 
 def write_checkpoint(model: DFlash2DraftModel, config_dict: dict, directory: Path, dtype: str) -> list[Path]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash2.errors import require
-from dflash2.fileio import refuse_existing_output, require_creatable
+from dflash2.files.atomic import refuse_existing_output, require_creatable
 
 FORMS = ("dflash2", "dflash-v1", "gguf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: the dtype the checkpoint stores

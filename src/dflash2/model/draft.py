@@ -39,12 +39,11 @@ from torch import nn
 from dflash2.model.config import DFlash2Config
 from dflash2.model.conv import GroupedDynamicConv
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import atomic_directory, atomic_file, atomic_write
+from dflash2.files.atomic import atomic_directory, atomic_file, atomic_write
 from dflash2.model.selector import CandidateSelector
 from dflash2.model.swiglu import SwiGLU
-from dflash2.weights import require_finite, safetensors_header
-from dflash2.tensorfiles import save_safetensors
-from dflash2.userjson import parse_json
+from dflash2.files.weights import require_finite, safetensors_header, save_safetensors
+from dflash2.files.userjson import parse_json
 
 
 CONFIG_FILE = "config.json"
@@ -258,7 +257,7 @@ class DFlash2DraftModel(nn.Module):
         """hidden [..., H] -> logits [..., Vd] over the draft vocabulary (the target's whole vocabulary
         unless reduced; map ids with `draft_to_target`)."""
         # 2-D input: F.linear on [..., T, H] with a broadcast weight falls into a much slower
-        # batched matmul on CPU (BENCHMARKS.md section 1).
+        # batched matmul on CPU (BENCHMARKS.md section 11.1).
         flat = hidden.reshape(-1, hidden.shape[-1])
         logits = F.linear(flat, self.head_weight.to(hidden.dtype)).float().view(*hidden.shape[:-1], -1)
         if self.config.output_multiplier != 1.0:

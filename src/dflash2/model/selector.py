@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dflash2.rng import sample_from
+from dflash2.runtime.rng import sample_from
 
 
 @dataclass

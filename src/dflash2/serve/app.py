@@ -13,9 +13,10 @@ limit, 413; faults answered 500 without resetting the connection; every status c
   response starts once the request has its first token, so a request that fails to start gets
   a plain HTTP error; an error after that is an `error` event. A client that goes away (stream
   closed, or a non-streaming request's connection dropped) frees its row at the next cycle.
-- `GET /v1/models`, `GET /health` (200 `{"status": "ok"}` while the scheduler runs, else 503),
+- `POST /tokenize` (vLLM's: a text's token ids; behind the API key like `/v1/*`), `GET /v1/models`,
+  `GET /health` (200 `{"status": "ok"}` while the scheduler runs, else 503),
   `GET /metrics` (Prometheus text), `GET /` (the playground page) and `GET /playground.js`.
-- With an API key (`--api-key` / `DFLASH2_API_KEY`), `/v1/*` needs `Authorization: Bearer KEY`
+- With an API key (`--api-key` / `DFLASH2_API_KEY`), `/v1/*` and `/tokenize` need `Authorization: Bearer KEY`
   (401 otherwise); `/health`, `/metrics` and the playground page are open.
 - Every error is `protocol.ApiError`'s OpenAI-style body with its status (malformed bodies 400,
   unknown routes 404, wrong methods 405, bodies over the limit 413, anything unexpected 500).
@@ -33,6 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.serve.generation import CHAT, COMPLETIONS, Encoders, Generation, OpenRequests, error_response
 from dflash2.serve.guard import Guard, internal_error
 from dflash2.serve.metrics import CONTENT_TYPE, ServerMetrics
@@ -62,7 +64,8 @@ class _GuardedApp(FastAPI):
 
 def create_app(pipeline, settings: ServeSettings) -> FastAPI:
     served = settings.served_model
-    metrics = ServerMetrics(served, pipeline.draft_description, pipeline.decoder.speculate)
+    metrics = ServerMetrics(served, pipeline.draft_description, pipeline.decoder.speculate,
+                            max(pipeline.decoder.block_size(GenerationConfig()) - 1, 0))
     scheduler = Scheduler(pipeline.decoder, metrics, settings.max_batch, settings.max_queue, settings.retry_after_s)
     encoders = Encoders(pipeline.tokenizer, ENCODE_WORKERS)
     open_requests = OpenRequests(settings.drain_timeout_s)
@@ -105,6 +108,10 @@ def create_app(pipeline, settings: ServeSettings) -> FastAPI:
     @app.post(COMPLETIONS)
     async def completions(request: Request):
         return await generation.handle(request, COMPLETIONS)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        return await generation.tokenize(request)
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -30,9 +30,10 @@ import torch
 
 from dflash2.argparsing import (OneLineParser, add_device_arguments, add_recalibrate_argument, apply_recalibrate,
                                 run_command)
-from dflash2.devices import check_device
+from dflash2.runtime.devices import check_device
 from dflash2.errors import DFlash2Error, require
 from dflash2.serve.settings import API_KEY_ENV, RequestDefaults, ServeSettings
+from dflash2.serve.spec_decode import LEVELS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--log-level", default=d.log_level)
     p.add_argument("--access-log", action="store_true", help="log every request")
+    p.add_argument("--per-request-spec-decode-metrics", default=d.per_request_spec_decode_metrics,
+                   choices=LEVELS, help="as vLLM's: each response (a stream: its usage chunk) carries "
+                                        "metrics.speculative_decoding; detailed adds every cycle (default: none)")
     g = p.add_argument_group("generation defaults (for fields a request leaves out)")
     g.add_argument("--max-tokens", type=int, default=r.max_tokens, help="capped to the room left in the context")
     g.add_argument("--temperature", type=float, default=r.temperature, help="0: greedy (OpenAI's default is 1)")
@@ -87,6 +91,7 @@ def parse_settings(argv: list[str]) -> ServeSettings:
         api_key=a.api_key, drain_timeout_s=a.drain_timeout,
         max_request_bytes=_mebibytes(a.max_request_mb), log_level=a.log_level.lower(),
         access_log=a.access_log, threads=a.threads,
+        per_request_spec_decode_metrics=a.per_request_spec_decode_metrics,
         defaults=RequestDefaults(a.max_tokens, a.temperature, a.top_p, a.top_k, a.seed))
     settings.validate()
     apply_recalibrate(a)
@@ -129,7 +134,7 @@ def load_pipeline(settings: ServeSettings):
     if settings.tiny:
         pipeline = tiny_pipeline(0, "never" if settings.no_draft else settings.speculate)
     else:
-        from dflash2.decoding.lookup import SuffixStore
+        from dflash2.decoding.proposers.lookup import SuffixStore
 
         pipeline = load_decoder(settings.target, settings.draft, settings.device, settings.dtype, settings.no_draft,
                                 settings.draft_dtype, settings.speculate, settings.proposer,

@@ -11,6 +11,9 @@ Contract:
   shut down) starts the drain clock; when `timeout_s` runs out every request still open gets a
   503 `shutting_down` result: a waiting request answers it as its response, a stream sends it as
   an `error` event and `data: [DONE]` before the server closes the connection.
+- `Generation.tokenize(request)`: `POST /tokenize` as vLLM answers it (`{"count", "max_model_len",
+  "tokens"}`), encoded in an encoder thread; a tokenizer fingerprint for clients (`dflash2
+  regenerate --endpoint` compares it with its own tokenizer).
 - `Generation(pipeline, settings, scheduler, encoders, open_requests).handle(request, endpoint)`:
   authorises, reads the body, builds and queues the job, then answers (see `app` for the wire
   behaviour). The final status of a stream (200 only when it ran to its end; 499 when the client
@@ -32,7 +35,8 @@ from starlette.requests import ClientDisconnect
 
 from dflash2.serve.guard import record_status
 from dflash2.serve.jobs import Failed, Finished, Job, Progress, build_job
-from dflash2.serve.protocol import ApiError, ApiRequest, bad_request, parse_chat, parse_completion, parse_json
+from dflash2.serve.protocol import (ApiError, ApiRequest, bad_request, parse_chat, parse_completion, parse_json,
+                                   parse_tokenize)
 from dflash2.serve.responses import DONE, Reply, sse, sse_error
 from dflash2.serve.scheduler import Scheduler
 from dflash2.serve.settings import ServeSettings
@@ -123,14 +127,34 @@ class Generation:
             raise ApiError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
                            code="invalid_api_key")
 
+    def _check_model(self, model: str) -> None:
+        served = self.settings.served_model
+        if model != served:
+            raise bad_request(f"The model '{model}' does not exist: this server serves '{served}' "
+                              "(see GET /v1/models).", "model", "model_not_found")
+
+    def _tokenize(self, raw: bytes) -> dict:
+        body = parse_json(raw)
+        text, add_special_tokens = parse_tokenize(body)
+        if "model" in body:
+            self._check_model(body["model"])
+        ids = list(self.encoders.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+        return {"count": len(ids), "max_model_len": self.pipeline.decoder.target.max_positions, "tokens": ids}
+
+    async def tokenize(self, request: Request) -> Response:
+        try:
+            self.authorize(request)
+            return JSONResponse(await self.encoders.run(self._tokenize, await request.body()))
+        except ApiError as err:
+            return error_response(err)
+        except ClientDisconnect:
+            return Response(status_code=499)
+
     def _prepare(self, raw: bytes, endpoint: str, sink) -> Job:
         """Body -> queued-ready job (an encoder thread)."""
         body = parse_json(raw)
         api = parse_chat(body) if endpoint == CHAT else parse_completion(body)
-        served = self.settings.served_model
-        if api.model != served:
-            raise bad_request(f"The model '{api.model}' does not exist: this server serves '{served}' "
-                              "(see GET /v1/models).", "model", "model_not_found")
+        self._check_model(api.model)
         return build_job(api, self.pipeline, self.settings.defaults, sink, self.text_tokenizer,
                          tokenizer=self.encoders.tokenizer)
 
@@ -159,7 +183,8 @@ class Generation:
 
     async def _answer(self, request: Request, job: Job, channel: asyncio.Queue) -> Response:
         api = job.request
-        reply = Reply(job.id, api.kind, self.settings.served_model, int(time.time()), api.return_token_ids)
+        reply = Reply(job.id, api.kind, self.settings.served_model, int(time.time()), api.return_token_ids,
+                      self.settings.per_request_spec_decode_metrics)
         item = await self._next(request, job, channel)  # the first result decides the status
         if api.stream and isinstance(item, (Progress, Finished)):
             return _EventStream(self._stream(request, api, job, reply, channel, item), media_type="text/event-stream",

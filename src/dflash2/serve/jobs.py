@@ -15,10 +15,12 @@ Contract:
 - The scheduler thread sends a job's results through `job.sink` (thread-safe): `Progress`
   (the pieces of text one cycle released, one per committed token), then `Finished` or `Failed`.
 - Token origins, per committed token: "draft" (an accepted token of the draft model), "lookup"
-  (an accepted lookup proposal: `decoding.lookup`), "target" (the target's own token closing a
+  (an accepted lookup proposal: `decoding.proposers.lookup`), "target" (the target's own token closing a
   speculative cycle) or "plain" (a plain target step, or the prefill's first token). `Job.stats()` counts like `RowStats`: acceptance length = tokens committed by
   speculative cycles / speculative cycles (= (draft + target) / target tokens, unless the last
-  cycle was cut short by a stop or the length limit).
+  cycle was cut short by a stop or the length limit). Each speculative cycle is also kept as a
+  `spec_decode.SpecStep` (`Job.steps`; source `tree` when it verified two branches as a tree), for
+  vLLM's per-request summary (`Job.spec_decode(detailed)`) and its counters.
 """
 from __future__ import annotations
 
@@ -28,11 +30,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from dflash2.decoding.context import context_room
-from dflash2.decoding.engine import GenerationConfig
-from dflash2.errors import ContextLimitError, DFlash2Error
+from dflash2.decoding.loop.context import context_room
+from dflash2.decoding.loop.engine import GenerationConfig
+from dflash2.errors import ContextLimitError, DFlash2Error, SettingError
 from dflash2.serve.protocol import ApiError, ApiRequest, bad_request
 from dflash2.serve.settings import RequestDefaults
+from dflash2.serve.spec_decode import SpecStep, request_summary
 from dflash2.serve.text import TextStream
 from dflash2.targets.chat import encode_messages, encode_text
 
@@ -60,6 +63,8 @@ class Finished:
     origins: tuple[str, ...]
     prompt_tokens: int
     stats: dict
+    steps: tuple[SpecStep, ...] = ()     # the speculative cycles (vLLM's per-request metrics)
+    num_spec_tokens: int = 0
 
     @property
     def completion_tokens(self) -> int:
@@ -78,6 +83,7 @@ class Job:
     prompt: list[int]
     config: GenerationConfig
     sink: Callable[[object], None]
+    num_spec_tokens: int = 0     # the most proposed tokens one cycle can accept (block size - 1)
     created: float = field(default_factory=time.perf_counter)
     # --- owned by the scheduler thread
     key: int | None = None
@@ -87,27 +93,34 @@ class Job:
     speculative_cycles: int = 0
     speculative_tokens: int = 0
     plain_steps: int = 0
+    steps: list[SpecStep] = field(default_factory=list)
     first_token_at: float | None = None
     prefilling: bool = True      # the next commit is the prefill's first token
     suspect: bool = False        # involved in a failed step: admitted alone from now on
     restarts: int = 0
     done: bool = False
 
-    def record(self, tokens: list[int], accepted: int, drafted: int, source: str = DRAFT) -> list[str]:
-        """Count one commit (its accepted tokens proposed by `source`); returns each token's origin."""
+    def record(self, tokens: list[int], accepted: int, drafted: int, source: str = DRAFT,
+               tree: bool = False) -> tuple[list[str], SpecStep | None]:
+        """Count one commit (its accepted tokens proposed by `source`; `tree`: the cycle verified two
+        branches as a tree); returns each token's origin, and the cycle's step when it was speculative."""
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         if self.prefilling:
             self.prefilling = False
-            origins = [PLAIN] * len(tokens)                       # the prefill's first token
-        elif drafted > 0:
-            self.speculative_cycles += 1
-            self.speculative_tokens += len(tokens)
-            origins = [source or DRAFT] * accepted + [TARGET] * (len(tokens) - accepted)
-        else:
+            return [PLAIN] * len(tokens), None                    # the prefill's first token
+        if drafted == 0:
             self.plain_steps += 1
-            origins = [PLAIN] * len(tokens)
-        return origins
+            return [PLAIN] * len(tokens), None
+        self.speculative_cycles += 1
+        self.speculative_tokens += len(tokens)
+        step = SpecStep("tree" if tree else source or DRAFT, drafted, accepted)
+        self.steps.append(step)
+        return [source or DRAFT] * accepted + [TARGET] * (len(tokens) - accepted), step
+
+    def spec_decode(self, detailed: bool = False) -> dict:
+        """vLLM's per-request `metrics.speculative_decoding` object (`spec_decode.request_summary`)."""
+        return request_summary(self.steps, self.num_spec_tokens, detailed)
 
     def stats(self, finished_at: float) -> dict:
         """Per-request figures: acceptance length (engine definition), passes, timings."""
@@ -198,7 +211,8 @@ def build_job(request: ApiRequest, pipeline, defaults: RequestDefaults, sink: Ca
     except DFlash2Error as err:
         raise bad_request(f"{err}.", where) from None
     prefix = "chatcmpl-" if request.kind == "chat" else "cmpl-"
-    job = Job(prefix + uuid.uuid4().hex[:24], request, prompt, config, sink)
+    job = Job(prefix + uuid.uuid4().hex[:24], request, prompt, config, sink,
+              num_spec_tokens=max(decoder.block_size(config) - 1, 0))
     job.stream = TextStream(text_tokenizer or pipeline.tokenizer, request.stop)
     return job
 
@@ -209,8 +223,6 @@ def _check_fields(config: GenerationConfig, request: ApiRequest) -> None:
     for field, name in _CONFIG_FIELDS.items():
         try:
             GenerationConfig(**{name: getattr(config, name)}).validate()
-        except DFlash2Error as err:
+        except SettingError as err:
             shown = request.max_tokens_field if field == "max_tokens" else field
-            detail = str(err)
-            detail = detail[len(name):] if detail.startswith(name + " ") else ": " + detail
-            raise bad_request(f"'{shown}'{detail}.", shown) from None
+            raise bad_request(f"'{shown}' {err.problem}.", shown) from None

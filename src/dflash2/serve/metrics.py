@@ -16,6 +16,17 @@ Contract (metric names; counters end in `_total` on the wire):
   `dflash2_request_latency_seconds`: histograms, from the request's arrival.
 - `dflash2_queue_depth`, `dflash2_running_batch_size`: gauges read from the scheduler when scraped.
 - `dflash2_model_info{model, draft, speculate}`: 1.
+- vLLM's speculative-decoding counters, by its names, labels and meaning (`vllm/v1/spec_decode/
+  metrics.py`), so that dashboards and scripts made for vLLM read this server unchanged:
+  `vllm:spec_decode_num_drafts_total{model_name, engine}` (speculative cycles, one per row and
+  verify pass), `vllm:spec_decode_num_draft_tokens_total` (proposed tokens verified),
+  `vllm:spec_decode_num_accepted_tokens_total` (of them accepted; the target's bonus token not
+  counted) and `vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name, engine, position}`
+  (cycles that accepted the proposed token at 0-based `position`; every position 0 .. block size - 2
+  exported from the start). `engine` is always "0" (one engine per server). The same four under
+  `dflash2_spec_decode_*_total` add the label `source` (`spec_decode.SOURCES`: draft, lookup, tree),
+  which no engine has: summed over `source` they equal vLLM's. Recorded per cycle, as decoding goes
+  (`spec_step`), so they include requests still running.
 Recording methods are thread-safe (the scheduler thread and the event loop both record).
 """
 from __future__ import annotations
@@ -25,6 +36,8 @@ from typing import Callable
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                disable_created_metrics, generate_latest)
 
+from dflash2.serve.spec_decode import SOURCES, SpecStep
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 disable_created_metrics()  # no `_created` series: counters and histograms only
 
@@ -33,8 +46,48 @@ _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15,
 _ACCEPTANCE_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0)
 
 
+ENGINE = "0"   # vLLM's `engine` label: the engine core's index (a server here has one)
+
+
+class _SpecDecodeCounters:
+    """vLLM's four speculative-decoding counter families under one prefix (`vllm:` or `dflash2_`),
+    labelled `labels` (and, per position, `position`); `child(values, positions)` is one label set's."""
+
+    def __init__(self, registry, prefix: str, labels: list[str]):
+        def family(name: str, text: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(f"{prefix}spec_decode_{name}", text, labels + list(extra), registry=registry)
+
+        self.drafts = family("num_drafts", "Number of spec decoding drafts.")
+        self.draft_tokens = family("num_draft_tokens", "Number of draft tokens.")
+        self.accepted = family("num_accepted_tokens", "Number of accepted tokens.")
+        self.per_pos = family("num_accepted_tokens_per_pos", "Accepted tokens per draft position.", ("position",))
+
+    def child(self, values: list[str], positions: int) -> "_SpecDecodeChild":
+        return _SpecDecodeChild(self, values, positions)
+
+
+class _SpecDecodeChild:
+    """The four counters of one label set; every position below `positions` exported from the start."""
+
+    def __init__(self, families: _SpecDecodeCounters, values: list[str], positions: int):
+        self.families, self.values = families, values
+        self.drafts = families.drafts.labels(*values)
+        self.draft_tokens = families.draft_tokens.labels(*values)
+        self.accepted = families.accepted.labels(*values)
+        self.per_pos = [families.per_pos.labels(*values, str(i)) for i in range(positions)]
+
+    def observe(self, step: SpecStep) -> None:
+        self.drafts.inc()
+        self.draft_tokens.inc(step.drafted)
+        self.accepted.inc(step.accepted)
+        while len(self.per_pos) < step.accepted:   # a row whose block is larger than the server's default
+            self.per_pos.append(self.families.per_pos.labels(*self.values, str(len(self.per_pos))))
+        for position in range(step.accepted):
+            self.per_pos[position].inc()
+
+
 class ServerMetrics:
-    def __init__(self, model: str, draft: str, speculate: str):
+    def __init__(self, model: str, draft: str, speculate: str, num_spec_tokens: int = 0):
         r = self.registry = CollectorRegistry()
         self.requests = Counter("dflash2_requests", "HTTP requests by endpoint and final status code",
                                 ["endpoint", "status"], registry=r)
@@ -57,6 +110,10 @@ class ServerMetrics:
         self.running = Gauge("dflash2_running_batch_size", "Rows in the running batch", registry=r)
         Gauge("dflash2_model_info", "The served model", ["model", "draft", "speculate"],
               registry=r).labels(model, draft, speculate).set(1)
+        self.vllm_spec = _SpecDecodeCounters(r, "vllm:", ["model_name", "engine"]).child(
+            [model, ENGINE], num_spec_tokens)
+        by_source = _SpecDecodeCounters(r, "dflash2_", ["model_name", "engine", "source"])
+        self.spec_by_source = {source: by_source.child([model, ENGINE, source], num_spec_tokens) for source in SOURCES}
 
     def watch(self, queue_depth: Callable[[], int], running: Callable[[], int]) -> None:
         self.queue_depth.set_function(queue_depth)
@@ -71,6 +128,11 @@ class ServerMetrics:
 
     def committed(self, tokens: int) -> None:
         self.generation_tokens.inc(tokens)
+
+    def spec_step(self, step: SpecStep) -> None:
+        """One speculative cycle of one row (vLLM's counters, and by source)."""
+        self.vllm_spec.observe(step)
+        self.spec_by_source[step.source].observe(step)
 
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)

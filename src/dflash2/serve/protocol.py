@@ -13,6 +13,9 @@ Contract:
   chunk, carries its `token_ids` and their `origins`: per token "draft" for an accepted draft
   token, "lookup" for an accepted lookup proposal, "target" for the target's own token closing a speculative cycle, "plain" for a plain
   target step). `user` is accepted (it is an end-user id, it does not change the answer).
+- `parse_tokenize(body)` -> `(text, add_special_tokens)` for `POST /tokenize`, vLLM's request
+  shape: `prompt` (a string), `add_special_tokens` (default true), `model` (optional; checked like a
+  generation's); anything else is refused (`messages` too: this server tokenizes text only).
 - Ranges (max_tokens > 0, temperature >= 0, top_p in (0, 1], ...) are not checked here: they are
   the engine's rule (`GenerationConfig.validate`), applied in `jobs.build_job` with the error
   message naming the request field. Here only JSON types and presence are checked.
@@ -22,7 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from dflash2.userjson import lone_surrogate
+from dflash2.files.userjson import lone_surrogate
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
@@ -274,3 +277,19 @@ def parse_completion(body: dict) -> ApiRequest:
         raise bad_request("Several prompts in one request are not supported: send one request per prompt.",
                           "prompt", "unsupported_parameter")
     raise bad_request("'prompt' must be a non-empty string or a non-empty list of token ids.", "prompt")
+
+
+def parse_tokenize(body: dict) -> tuple[str, bool]:
+    """vLLM's `/tokenize` request: its text and whether the tokenizer's special tokens are added."""
+    unknown = sorted(set(body) - {"model", "prompt", "add_special_tokens"})
+    if unknown:
+        raise bad_request(f"Unsupported field '{unknown[0]}': /tokenize takes 'prompt', 'add_special_tokens' and "
+                          "'model'.", unknown[0], "unsupported_parameter")
+    if not isinstance(body.get("prompt"), str):
+        raise bad_request("'prompt' must be a string.", "prompt")
+    if "model" in body and not isinstance(body["model"], str):
+        raise bad_request(f"'model' must be a string, got {_show(body['model'])}.", "model")
+    add = body.get("add_special_tokens", True)
+    if not isinstance(add, bool):
+        raise bad_request(f"'add_special_tokens' must be true or false, got {_show(add)}.", "add_special_tokens")
+    return body["prompt"], add

@@ -1,7 +1,7 @@
 """The OpenAI wire format on the way out: response bodies, stream chunks and server-sent events.
 
 Contract:
-- `Reply(job_id, kind, model, created, return_token_ids)` renders one request's answer:
+- `Reply(job_id, kind, model, created, return_token_ids, spec_decode)` renders one request's answer:
   `complete(finished)` the whole response (`chat.completion` or `text_completion`);
   `first_chunk()` (chat: the assistant role), `chunk(text, token_ids, origins)`,
   `final_chunk(reason, text, token_ids, origins)` (the last text and `finish_reason`) and
@@ -10,6 +10,10 @@ Contract:
   complete response, the usage chunk) also carries `dflash2`: the request's decoding figures
   (acceptance length, speculative cycles, plain steps, accepted draft tokens, time to first
   token, latency, time per output token, tokens/s).
+- With `spec_decode` `summary` or `detailed` (`--per-request-spec-decode-metrics`), the final
+  body also carries vLLM's `metrics: {"speculative_decoding": ...}` (`spec_decode.request_summary`):
+  the complete response at its top level, a stream only in its usage chunk (as vLLM: none without
+  `stream_options.include_usage`).
 - With `return_token_ids`, choices carry `token_ids` and `origins` (per token: "draft", "target"
   or "plain", see `jobs`).
 - `sse(obj)` is one `data:` event; `DONE` ends a stream; `sse_error(error)` is an error event the
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 
 from dflash2.serve.jobs import Finished
 from dflash2.serve.protocol import ApiError
+from dflash2.serve.spec_decode import request_summary
 
 DONE = "data: [DONE]\n\n"
 
@@ -46,6 +51,14 @@ class Reply:
     model: str
     created: int
     return_token_ids: bool = False
+    spec_decode: str = "none"     # spec_decode.LEVELS
+
+    def _final(self, body: dict, finished: Finished) -> dict:
+        """A final body, with vLLM's per-request speculative metrics when asked for."""
+        if self.spec_decode != "none":
+            body["metrics"] = {"speculative_decoding": request_summary(
+                list(finished.steps), finished.num_spec_tokens, self.spec_decode == "detailed")}
+        return body
 
     @property
     def _object(self) -> str:
@@ -70,9 +83,10 @@ class Reply:
         return choice
 
     def complete(self, finished: Finished) -> dict:
-        return {**self._head(chunk=False),
-                "choices": [self._choice(finished.text, finished.reason, finished.token_ids, finished.origins, False)],
-                "usage": usage(finished), "dflash2": finished.stats}
+        return self._final({**self._head(chunk=False),
+                            "choices": [self._choice(finished.text, finished.reason, finished.token_ids,
+                                                     finished.origins, False)],
+                            "usage": usage(finished), "dflash2": finished.stats}, finished)
 
     def first_chunk(self) -> dict | None:
         if self.kind != "chat":
@@ -88,4 +102,5 @@ class Reply:
         return {**self._head(chunk=True), "choices": [self._choice(text or None, reason, token_ids, origins, True)]}
 
     def usage_chunk(self, finished: Finished) -> dict:
-        return {**self._head(chunk=True), "choices": [], "usage": usage(finished), "dflash2": finished.stats}
+        return self._final({**self._head(chunk=True), "choices": [], "usage": usage(finished),
+                            "dflash2": finished.stats}, finished)

@@ -166,7 +166,10 @@ class Scheduler:
         try:
             commit = event.commit
             first = job.first_token_at is None
-            origins = job.record(commit.tokens, commit.accepted, commit.drafted, commit.source)
+            origins, step = job.record(commit.tokens, commit.accepted, commit.drafted, commit.source,
+                                       tree=commit.tree_extra is not None)
+            if step is not None:
+                self.metrics.spec_step(step)
             pieces = []
             for token, origin in zip(commit.tokens, origins):
                 text = job.stream.push(token)
@@ -209,7 +212,8 @@ class Scheduler:
         job.done = True
         stats = job.stats(time.perf_counter())
         self.metrics.ended(reason, stats, job.speculative_tokens, job.speculative_cycles)
-        job.sink(Finished(reason, job.stream.text, tuple(job.output), tuple(job.origins), len(job.prompt), stats))
+        job.sink(Finished(reason, job.stream.text, tuple(job.output), tuple(job.origins), len(job.prompt), stats,
+                          tuple(job.steps), job.num_spec_tokens))
 
     def _fail(self, job: Job, error: ApiError) -> None:
         if job.key is not None and self._running.get(job.key) is job:

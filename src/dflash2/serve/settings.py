@@ -6,21 +6,24 @@ Contract:
   request, so unseeded sampled requests differ while seeded ones repeat exactly).
 - `ServeSettings`: the model (target, draft, device, dtype (`auto`: `devices`), exact verify, speculation policy), the listener
   (host, port; port 0 picks a free one), the batch and queue bounds, the API key, the drain
-  timeout, the request-size limit and the defaults. Frozen: the server reads it, never changes it.
+  timeout, the request-size limit, the defaults and what a response says of its speculative
+  decoding (`per_request_spec_decode_metrics`, vLLM's option: none, summary or detailed). Frozen: the server reads it, never changes it.
 - `validate()` raises `DFlash2Error` with one line naming the offending option (as the command
   line spells it); the generation defaults are checked by the engine's own rule
-  (`GenerationConfig.validate`), so a default can never be something a request could not ask for.
+  (`GenerationConfig.validate`, whose `SettingError` names the field), so a default can never be
+  something a request could not ask for.
 """
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
 
-from dflash2.decoding.engine import GenerationConfig
+from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.decoding.policy import SPECULATE_MODES
-from dflash2.devices import resolve_precision
-from dflash2.errors import DFlash2Error, require
-from dflash2.machine import check_threads
+from dflash2.runtime.devices import resolve_precision
+from dflash2.errors import DFlash2Error, SettingError, require
+from dflash2.runtime.machine import check_threads
+from dflash2.serve.spec_decode import LEVELS
 
 API_KEY_ENV = "DFLASH2_API_KEY"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -43,12 +46,8 @@ class RequestDefaults:
                                   top_k=self.top_k, seed=0 if self.seed is None else self.seed)
         try:
             config.validate()
-        except DFlash2Error as err:
-            message = str(err)
-            for name, flag in _DEFAULT_FLAGS.items():
-                if message.startswith(name):
-                    message = flag + message[len(name):]
-            raise DFlash2Error(message) from None
+        except SettingError as err:
+            raise DFlash2Error(f"{_DEFAULT_FLAGS.get(err.name, err.name)} {err.problem}") from None
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ class ServeSettings:
     device: str = "cpu"
     dtype: str = "auto"                      # devices.resolve_precision: bfloat16 where native, else float32
     draft_dtype: str = "auto"
-    exact_verify: bool = False               # decoding.exact_verify
+    exact_verify: bool = False               # decoding.verifier.exact
     speculate: str = "auto"
     proposer: str | None = None              # draft | lookup | hybrid (None: the pipeline's default)
     tiny: bool = False                       # tiny random models (tests); see pipeline.tiny_pipeline
@@ -75,6 +74,7 @@ class ServeSettings:
     log_level: str = "info"
     access_log: bool = False
     threads: int | None = None               # torch CPU threads
+    per_request_spec_decode_metrics: str = "none"   # spec_decode.LEVELS: vLLM's per-request `metrics` object
     defaults: RequestDefaults = field(default_factory=RequestDefaults)
 
     @property
@@ -103,4 +103,6 @@ class ServeSettings:
         require(self.log_level in ("critical", "error", "warning", "info", "debug"),
                 f"--log-level must be one of critical, error, warning, info, debug, got '{self.log_level}'")
         require(self.model_name is None or self.model_name.strip() != "", "--model-name must not be empty")
+        require(self.per_request_spec_decode_metrics in LEVELS, f"--per-request-spec-decode-metrics must be one "
+                f"of {', '.join(LEVELS)}, got '{self.per_request_spec_decode_metrics}'")
         self.defaults.validate()

@@ -32,7 +32,8 @@ Contract:
   `implementation="transformers"` (what Hugging Face `generate()` needs), with the Auto classes.
   A tokenizer without a pad token gets its eos token as pad.
   It is `open_target` (config and tokenizer: fast, so commands check their input against them
-  before the weights load) followed by `load_target_model`, which checks the headers of the
+  before the weights load) followed by `load_target_model` (the model prepared for decoding by
+  `kernels.use_kernels`), which checks the headers of the
   weights files first. Every failure (a hub id while offline, a damaged or foreign directory, a
   truncated weights file) is a one-line `DFlash2Error` saying what to do.
 - `BuiltinTarget.shape` (`TargetShape`: hidden size, vocabulary, layers) is known without
@@ -45,7 +46,6 @@ import importlib.util
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -55,12 +55,14 @@ from typing import Callable
 
 import torch
 
-from dflash2.cache import cache_dir  # noqa: F401 (also this module's public name)
+from dflash2.argparsing import say
+from dflash2.files.cache import cache_dir  # noqa: F401 (also this module's public name)
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import atomic_directory, remove_stale_temporaries, sha256_file
+from dflash2.files.atomic import atomic_directory, remove_stale_temporaries, sha256_file
 from dflash2.targets import llama
+from dflash2.targets.kernels import use_kernels
 from dflash2.targets.tokenizer_files import record_added_tokens
-from dflash2.weights import safetensors_header
+from dflash2.files.weights import safetensors_header
 
 SOURCE_RECORD = "dflash2_source.json"
 """File written last into every converted directory; its presence marks a finished conversion."""
@@ -196,10 +198,6 @@ def resolve_target(name_or_path: str) -> str:
     )
 
 
-def _say(message: str) -> None:
-    print(f"dflash2: {message}", file=sys.stderr, flush=True)
-
-
 def _dequantized_model(gguf: Path) -> torch.nn.Module:
     """Load the GGUF as a dense float32 model that `save_pretrained` accepts.
 
@@ -251,7 +249,7 @@ def convert_builtin(name: str, force: bool = False) -> Path:
     destination = builtin_dir(name)
     if not force and is_converted(name):
         return destination
-    _say(
+    say(
         f"converting built-in target '{name}' ({spec.source}) to float32 safetensors in "
         f"{destination}; this happens once and takes up to a minute or two"
     )
@@ -260,19 +258,19 @@ def convert_builtin(name: str, force: bool = False) -> Path:
     # what a killed conversion left (hundreds of MB); an hour old, so never a running conversion's
     remove_stale_temporaries(destination.parent, rf"{re.escape(name)}(?:\.gguf)?", min_age_s=3600)
     with tempfile.TemporaryDirectory(prefix=f".{name}.gguf.", suffix=".tmp", dir=destination.parent) as scratch:
-        _say(f"[1/4] locating {spec.gguf_file}")
+        say(f"[1/4] locating {spec.gguf_file}")
         gguf = spec.locate_gguf(Path(scratch))
         with atomic_directory(destination) as build:
-            _say("[2/4] dequantizing the GGUF weights to float32")
+            say("[2/4] dequantizing the GGUF weights to float32")
             model = _dequantized_model(gguf)
             model.save_pretrained(build)
             del model
-            _say("[3/4] converting the tokenizer")
+            say("[3/4] converting the tokenizer")
             _save_tokenizer(gguf, build)
-            _say("[4/4] recording the source")
+            say("[4/4] recording the source")
             record = _source_record(spec, gguf)
             (build / SOURCE_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-    _say(f"target '{name}' ready in {time.perf_counter() - started:.1f} s: {destination}")
+    say(f"target '{name}' ready in {time.perf_counter() - started:.1f} s: {destination}")
     return destination
 
 
@@ -290,7 +288,7 @@ def convert_gguf(gguf: str | Path, destination: str | Path, name: str | None = N
             raise DFlash2Error(f"'{gguf}' is not a GGUF file (it does not start with the GGUF magic)")
     spec = _builtin(name) if name is not None else SimpleNamespace(
         name=gguf.stem, description=f"converted from {gguf.name}", package=None)
-    _say(f"converting {gguf} to float32 safetensors in {destination}")
+    say(f"converting {gguf} to float32 safetensors in {destination}")
     started = time.perf_counter()
     with atomic_directory(destination) as build:
         model = _dequantized_model(gguf)
@@ -298,7 +296,7 @@ def convert_gguf(gguf: str | Path, destination: str | Path, name: str | None = N
         del model
         _save_tokenizer(gguf, build)
         (build / SOURCE_RECORD).write_text(json.dumps(_source_record(spec, gguf), indent=2) + "\n")
-    _say(f"converted in {time.perf_counter() - started:.1f} s: {destination}")
+    say(f"converted in {time.perf_counter() - started:.1f} s: {destination}")
     return destination
 
 
@@ -404,7 +402,7 @@ def load_target_model(files: TargetFiles, device: str | torch.device = "cpu", dt
             safetensors_header(weights, f"target '{files.name}'")
     try:
         if isinstance(files.config, llama.LlamaTargetConfig):
-            return llama.LlamaCausalLM.from_pretrained(files.resolved, files.config, dtype, device)
+            return use_kernels(llama.LlamaCausalLM.from_pretrained(files.resolved, files.config, dtype, device))
         model = AutoModelForCausalLM.from_pretrained(files.resolved, config=files.config, dtype=dtype,
                                                      local_files_only=files.local)  # the config read once
     except (OSError, ValueError, SafetensorError) as err:
@@ -413,7 +411,7 @@ def load_target_model(files: TargetFiles, device: str | torch.device = "cpu", dt
     pad = files.tokenizer.pad_token_id
     if model.generation_config.pad_token_id is None and pad is not None:
         model.generation_config.pad_token_id = pad
-    return model
+    return use_kernels(model)
 
 
 def load_target(name_or_path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,

@@ -16,7 +16,7 @@ Contract:
   passes `fold_queries` folds and transformers' `sdpa_attention_forward` for every other call
   (dropout in training, logit soft-capping, attention sinks, position biases, encoders). Other
   implementations (eager, flash, flex) are left as they are. Returns whether it switched.
-  The engine's `decoding.verifier.TargetAdapter` does this to every target it is given.
+  `kernels.use_kernels` does this to every target as it loads.
 - Inside `exact_attention.per_query()` every pass these kernels take (and the unfolded ones of a
   plain transformers model) is computed query by query as a one-token step computes it
   (`exact_attention.attend_per_query`: `--exact-verify`).

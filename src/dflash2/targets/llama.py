@@ -13,7 +13,7 @@ Contract:
 - `LlamaCausalLM.from_pretrained(directory, config, dtype, device)`: the model, built on the meta
   device and given the safetensors weights (tied LM head where the config says so), in eval mode.
   Parameter names, hence `state_dict()`, are transformers'. The call interface is the part of
-  transformers' that `decoding.verifier.TargetAdapter` and training use: `model(input_ids,
+  transformers' that `decoding.verifier.adapter.TargetAdapter` and training use: `model(input_ids,
   attention_mask, position_ids, past_key_values, use_cache, logits_to_keep)` -> `.logits`;
   `get_decoder()(...)` (`.layers`, the hooks' targets); a `transformers.cache_utils` cache is
   updated layer by layer as transformers does (the engine's `SlotLayer`s included). A 2-D

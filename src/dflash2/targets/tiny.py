@@ -5,7 +5,7 @@ LM of the given family ("llama", "qwen3", "gemma3"; Gemma3 with a short sliding 
 window roll-back is exercised; the hybrids of `HYBRID_FAMILIES`: "qwen3_5", "qwen3_5_moe", "qwen3_next"
 (Gated DeltaNet layers, three to one with full attention) and "lfm2" (short convolutions); also
 "lfm2_moe", LFM2's convolutions with mixture-of-experts MLPs) in fp32,
-eval mode. `tiny_config(family, ...)` is the config it builds. `tiny_draft(target, ...)` builds a matching
+eval mode, prepared for decoding (`kernels.use_kernels`). `tiny_config(family, ...)` is the config it builds. `tiny_draft(target, ...)` builds a matching
 randomly initialised DFlash2 (or v1) draft (the draft factory, `model.factory.create_draft`) whose
 convolutions and selector are perturbed away from their identity / neutral init, so every part of
 the draft does real work. `TinyTokenizer(vocab_size)` is a character-level stand-in tokenizer for
@@ -21,6 +21,7 @@ from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
 from dflash2.model.shape import DraftShape
 from dflash2.errors import require
+from dflash2.targets.kernels import use_kernels
 
 HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "lfm2")
 FAMILIES = ("llama", "qwen3", "gemma3") + HYBRID_FAMILIES + ("lfm2_moe",)
@@ -68,7 +69,7 @@ def tiny_target(family: str = "llama", vocab_size: int = 128, seed: int = 0, num
         for param in model.parameters():
             if param.dim() == 2:
                 param.normal_(0.0, 0.25)
-    return model.eval()
+    return use_kernels(model.eval())
 
 
 def tiny_draft(target, *, block_size: int = 8, num_layers: int = 2, use_conv: bool = True,
@@ -103,8 +104,9 @@ class TinyTokenizer:
         self.span = vocab_size - 4
         self.max_chars = max_chars
 
-    def __call__(self, text: str, truncation: bool = False, max_length: int | None = None) -> dict:
-        ids = [1] + [3 + ord(c) % self.span for c in text[-self.max_chars:]]
+    def __call__(self, text: str, truncation: bool = False, max_length: int | None = None,
+                 add_special_tokens: bool = True) -> dict:
+        ids = [1] * add_special_tokens + [3 + ord(c) % self.span for c in text[-self.max_chars:]]
         return {"input_ids": ids[:max_length] if truncation and max_length is not None else ids}
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:

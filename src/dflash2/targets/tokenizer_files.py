@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from dflash2.fileio import write_json
+from dflash2.files.atomic import write_json
 
 CONFIG, TOKENIZER = "tokenizer_config.json", "tokenizer.json"
 FIELD = "added_tokens_decoder"

@@ -40,8 +40,8 @@ from urllib.parse import urlparse
 from dflash2.argparsing import OneLineParser, run_command
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import require_writable, write_json
-from dflash2.machine import check_threads
+from dflash2.files.atomic import require_writable, write_json
+from dflash2.runtime.machine import check_threads
 from dflash2.serve.settings import API_KEY_ENV, LOOPBACK_HOSTS
 from dflash2.targets.chat import encode_messages
 from dflash2.tools.loadprobe import HealthPoller, Probe, big_body, probe_summary, send_big_body
@@ -330,7 +330,7 @@ def summarise(mode: str, clients: int, level: Level) -> dict:
 def references(settings: LoadSettings, prompts: list[str]) -> list[list[int]]:
     """The engine alone on each prompt (plain greedy decoding: the target's own answer)."""
     # the engine (torch, transformers, the targets) loads here, only when a run checks answers
-    from dflash2.decoding.engine import GenerationConfig
+    from dflash2.decoding.loop.engine import GenerationConfig
     from dflash2.pipeline import load_decoder, tiny_pipeline
 
     if settings.tiny:
@@ -393,7 +393,7 @@ def _connect(url: str, key: str | None, timeout: float) -> str:
 def run(settings: LoadSettings, command: str = "dflash2 loadtest") -> dict:
     """All servers are started first; then at each concurrency level the modes take turns, so a
     shared machine's changing background load falls on both modes alike."""
-    from dflash2.provenance import git_commit, machine_info   # torch and transformers: only for a run
+    from dflash2.runtime.provenance import git_commit, machine_info   # torch and transformers: only for a run
 
     prompts = load_prompts(settings)
     rows, answers, servers, running = [], {}, {}, {}

@@ -25,9 +25,9 @@ from dflash2.argparsing import ModelSettings, OneLineParser, parse_list
 from dflash2.data.prompts import load_conversations
 from dflash2.eval import bench
 from dflash2.errors import require
-from dflash2.fileio import atomic_write, check_output, fmt, markdown_table, write_json, write_text
+from dflash2.files.atomic import atomic_write, check_output, fmt, markdown_table, write_json, write_text
 from dflash2.pipeline import build_pipeline
-from dflash2.provenance import git_commit, machine_info, machine_line
+from dflash2.runtime.provenance import git_commit, machine_info, machine_line
 from dflash2.training.config import load_config
 from dflash2.training.preflight import check_inputs
 from dflash2.training.trainer import Trainer

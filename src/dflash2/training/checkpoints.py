@@ -33,9 +33,8 @@ from safetensors.torch import load_file
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import atomic_directory, atomic_write
-from dflash2.weights import safetensors_header
-from dflash2.tensorfiles import save_torch
+from dflash2.files.atomic import atomic_directory, atomic_write
+from dflash2.files.weights import safetensors_header, save_torch
 
 PREFIX = "draft."  # DraftTrainStep holds the draft under this attribute
 

@@ -35,7 +35,7 @@ from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
 from dflash2.model.shape import DraftShape, target_text_config
 from dflash2.errors import require
-from dflash2.decoding.verifier import decoder_layers
+from dflash2.decoding.verifier.adapter import decoder_layers
 from dflash2.training.batches import Batch
 from dflash2.training.config import TrainConfig
 from dflash2.training.losses import LossOptions, Teacher, block_losses

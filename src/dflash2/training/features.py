@@ -35,8 +35,8 @@ from safetensors.torch import load_file, save
 from tqdm import tqdm
 
 from dflash2.errors import require
-from dflash2.fileio import atomic_write
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.files.atomic import atomic_write
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.training.batches import Batch
 
 

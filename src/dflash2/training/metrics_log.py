@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dflash2.fileio import atomic_write
+from dflash2.files.atomic import atomic_write
 
 
 class MetricsLog:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from dflash2.data.shards import load_manifest
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import refuse_existing_output, remove_own, remove_stale_temporaries
+from dflash2.files.atomic import refuse_existing_output, remove_own, remove_stale_temporaries
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.shape import target_text_config
 from dflash2.training import checkpoints as ckpt

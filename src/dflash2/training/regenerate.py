@@ -4,14 +4,21 @@ It runs the target (and optionally a draft) through the decoding engine, so it l
 not in `data/` (which only reads, writes and selects data).
 
 Contract:
-- `regenerate(target, out_dir, num_prompts, ...)` loads the target, takes the training prompts of
-  `prompts_source` in the fixed shuffled order of `training_prompts(seed=seed)`, encodes each one's
-  first user turn with the target's chat template, keeps the first `num_prompts` whose encoding has
-  at most `max_prompt_tokens` tokens, generates the responses with the engine (autoregressive, or
-  speculative with `draft`, which is lossless) and stores them as token-id shards (`shards.py`).
-  Returns a summary dict (records added and stored, response tokens and tokens/s of this run).
-  Every setting, the output directory (`shards.check_output_dir`) and the draft (its weights, and
-  that it was made for this target) are checked before the target's weights load.
+- `regenerate(target, out_dir, num_prompts, ...)` takes the prompts -- the built-in training prompts
+  of `prompts_source` (`prompt_sets.encode_training_prompts`: the first user turn, seeded order) or a
+  user's `prompts_file` (`data.chat_files`: prompts, OpenAI messages or ShareGPT conversations; each
+  record's messages up to its last user message) -- keeps the first `num_prompts` (a file: all by
+  default) whose encoding has at most `max_prompt_tokens` tokens, generates the responses and stores
+  them as token-id shards (`shards.py`). The responses come from the engine here (autoregressive,
+  or speculative with `draft`, which is lossless), or from an OpenAI-compatible `endpoint`
+  (`training.endpoint`: `concurrency` requests in flight, after it is proved to serve this target:
+  tokenizer fingerprint and a greedy probe against the local target, refused in one line
+  otherwise). With `off_policy` nothing is decoded: the file's own assistant turns are stored as the
+  responses (`data.off_policy`; the manifest's `sampling.off_policy` says so). Returns a summary
+  dict (records added and stored, response tokens and tokens/s of this run). Every setting, the
+  prompt file, the output directory and the draft (its weights, and that it was made for this
+  target) are checked before the target's weights load; the endpoint is reached (its model list)
+  before they load too.
 - `generate_shards(model, prompts, out_dir, manifest_fields, ...)` is the tokenizer-free core:
   `prompts` are `Prompt(id, tokens)`. Pending prompts, shortest first, are decoded by one engine
   session with continuous batching: up to `batch_size` rows at once, a finished row's record
@@ -21,10 +28,13 @@ Contract:
 - Resumable: rerunning the same command (any `num_prompts`) skips ids already stored, so nothing is
   duplicated; settings that change the data (target, tokenizer, prompt selection, sampling) must
   equal the existing manifest's, else a one-line `DFlash2Error`. Interrupting (Ctrl-C or SIGTERM)
-  saves every finished record before exiting. The draft, batch size and shard size may change
-  between runs (the draft is lossless); they are recorded per run in the manifest's `runs`.
-- `device` / `dtype` (`--device`, `--dtype`, default `auto`: `devices.resolve_precision`, or,
-  continuing a directory, the precision its records were made in) are checked before anything
+  saves every finished record before exiting. The draft, batch size, shard size and the endpoint
+  may change between runs (local and endpoint runs continue each other: the same fields); they are
+  recorded per run in the manifest's `runs`. Records are written in the queue's order (shortest
+  prompt first), whatever the batch size or concurrency, so at T=0 the shards of the same prompts
+  are the same bytes locally and through an endpoint that serves the same target.
+- `device` / `dtype` (`--device`, `--dtype`, default `auto`: `runtime.devices.resolve_precision`,
+  or, continuing a directory, the precision its records were made in) are checked before anything
   loads and recorded: the target's dtype in the manifest's `target` (a field that must match on
   every run), the device, the precision's reason and `--exact-verify` in each run's entry.
 - `main(argv)` is the command line (`dflash2 regenerate` calls it): returns 0, 2 on a user error
@@ -35,41 +45,37 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import signal
 import sys
 import time
 import zlib
 from collections import deque
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from dflash2.argparsing import OneLineParser, add_device_arguments
-from dflash2.targets.chat import encode_prompt, stop_token_ids
-from dflash2.decoding.context import check_context, effective_block_size
-from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-from dflash2.decoding.verifier import context_limit
+from dflash2.argparsing import OneLineParser, add_device_arguments, say as command_say
+from dflash2.targets.chat import stop_token_ids
+from dflash2.decoding.loop.context import check_context
+from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.proposers.kinds import block_size, decoder_default
+from dflash2.decoding.verifier.adapter import context_limit
 from dflash2.model.shape import target_text_config
 from dflash2.errors import DFlash2Error, require
-from dflash2.data.shards import Record, ShardWriter
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.data.shards import InOrder, Record, ShardWriter
+from dflash2.training.prompt_sets import Prompt, encode_training_prompts  # noqa: F401 (their home before)
+from dflash2.decoding.verifier.adapter import TargetAdapter
 
 
-@dataclass
-class Prompt:
-    id: str
-    tokens: list[int]
-
-
-def _say(message: str) -> None:
-    tqdm.write(f"dflash2 regenerate: {message}", file=sys.stderr)
+say = partial(command_say, who="dflash2 regenerate")
 
 
 def check_fits_context(prompts: list[Prompt], files, draft, max_new_tokens: int) -> None:
     """The engine's context rule for the longest prompt, before the target's weights load."""
-    block = effective_block_size(None if draft is None else draft.config.block_size, None)
+    block = block_size(decoder_default(draft is not None), None if draft is None else draft.config.block_size, None)
     longest = max(len(p.tokens) for p in prompts) if prompts else 1
     try:
         check_context(longest, max_new_tokens, block, context_limit(target_text_config(files.config)))
@@ -120,26 +126,6 @@ def sampling_fields(max_new_tokens: int, temperature: float, top_p: float, top_k
             "chat_template_sha256": hashlib.sha256(chat_template.encode()).hexdigest() if chat_template else None}
 
 
-# --------------------------------------------------------------------------- prompts
-
-def encode_training_prompts(tokenizer, num_prompts: int, seed: int = 0, source: str = "sharegpt",
-                            max_prompt_tokens: int = 512) -> list[Prompt]:
-    """The first `num_prompts` training prompts (seeded order) whose encoding fits; ids are
-    "<dataset>:<id>"."""
-    from dflash2.data.prompts import training_prompts
-
-    prompts: list[Prompt] = []
-    for conversation in training_prompts(seed=seed, sources=(source,)):
-        tokens = encode_prompt(tokenizer, conversation.prompt)
-        if len(tokens) <= max_prompt_tokens:
-            prompts.append(Prompt(f"{conversation.dataset}:{conversation.id}", tokens))
-            if len(prompts) == num_prompts:
-                break
-    if len(prompts) < num_prompts:
-        _say(f"only {len(prompts)} prompts of {source} fit in {max_prompt_tokens} tokens; using them all")
-    return prompts
-
-
 # --------------------------------------------------------------------------- generation
 
 def _queue(prompts: list[Prompt]) -> deque[Prompt]:
@@ -147,18 +133,47 @@ def _queue(prompts: list[Prompt]) -> deque[Prompt]:
     return deque(sorted(prompts, key=lambda p: (len(p.tokens), p.id)))
 
 
+class Progress:
+    """The progress bar and the line per shard written, of a run over `total` prompts."""
+
+    def __init__(self, writer: ShardWriter, total: int, enabled: bool):
+        self.writer, self.total, self.done, self.new_tokens = writer, total, 0, 0
+        self.started, self.shards = time.perf_counter(), len(writer.manifest["shards"])
+        self.bar = tqdm(total=total, unit="rec", desc="regenerate", file=sys.stderr, dynamic_ncols=True,
+                        mininterval=1.0 if sys.stderr.isatty() else 60.0, disable=not enabled)
+
+    def finished(self, tokens: int) -> None:
+        self.done += 1
+        self.new_tokens += tokens
+        self.bar.update(1)
+
+    def tick(self) -> None:
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        self.bar.set_postfix_str(f"{self.new_tokens / elapsed:.0f} tok/s", refresh=False)
+        for shard in self.writer.manifest["shards"][self.shards:]:
+            eta = (self.total - self.done) * elapsed / max(self.done, 1)
+            say(f"wrote {shard['file']} ({shard['records']} records, {self.writer.manifest['counts']['records']} "
+                 f"stored): {self.new_tokens / elapsed:.1f} tok/s, {self.done * 3600 / elapsed:.0f} records/h, "
+                 f"{self.total - self.done} to go, ETA {eta / 3600:.2f} h")
+        self.shards = len(self.writer.manifest["shards"])
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def _decode_into(decoder: SpeculativeDecoder, writer: ShardWriter, pending: list[Prompt], progress: bool,
                  batch_size: int, stop_ids, seed: int, deadline: float | None = None, **sampling) -> int:
     """Decode the pending prompts with continuous batching into the writer; returns the response
     tokens made. At most `batch_size` rows decode at once in one engine session; a finished row's
-    record is stored at once and the next prompt takes its place at the next cycle boundary, so no
-    row waits for the longest answer of a fixed batch. A row's seed depends only on `seed` and its
-    prompt id. From `deadline` (epoch seconds) on no prompt is admitted; the live rows finish."""
+    place is taken by the next prompt at the next cycle boundary, so no row waits for the longest
+    answer of a fixed batch. Records are written in the queue's order (`shards.InOrder`), so the
+    shards do not depend on the batch size. A row's seed depends only on `seed` and its prompt id.
+    From `deadline` (epoch seconds) on no prompt is admitted; the live rows finish."""
     queue, live = _queue(pending), {}
+    in_order = InOrder(writer, [p.id for p in queue])
     session = decoder.session()
-    new_tokens, decoded, started = 0, 0, time.perf_counter()
-    with tqdm(total=len(pending), unit="rec", desc="regenerate", file=sys.stderr, dynamic_ncols=True,
-              mininterval=1.0 if sys.stderr.isatty() else 60.0, disable=not progress) as bar:
+    bar = Progress(writer, len(pending), progress)
+    try:
         while queue or session:
             if deadline is not None and time.time() >= deadline:
                 queue.clear()
@@ -167,23 +182,40 @@ def _decode_into(decoder: SpeculativeDecoder, writer: ShardWriter, pending: list
                 config = GenerationConfig(**sampling, stop_token_ids=tuple(stop_ids),
                                           seed=zlib.crc32(f"{seed}:{prompt.id}".encode()))
                 live[session.add([prompt.tokens], config)[0]] = prompt
-            shards_before = len(writer.manifest["shards"])
             for event in session.step():
                 if event.result is None:
                     continue
                 prompt = live.pop(event.key)
-                writer.add(Record(prompt.id, prompt.tokens, event.result.tokens, event.result.finish_reason))
-                new_tokens += len(event.result.tokens)
-                decoded += 1
-                bar.update(1)
-            elapsed = time.perf_counter() - started
-            bar.set_postfix_str(f"{new_tokens / max(elapsed, 1e-9):.0f} tok/s", refresh=False)
-            for shard in writer.manifest["shards"][shards_before:]:
-                eta = (len(pending) - decoded) * elapsed / decoded
-                _say(f"wrote {shard['file']} ({shard['records']} records, {writer.manifest['counts']['records']} "
-                     f"stored): {new_tokens / elapsed:.1f} tok/s, {decoded * 3600 / elapsed:.0f} records/h, "
-                     f"{len(pending) - decoded} to go, ETA {eta / 3600:.2f} h")
-    return new_tokens
+                in_order.put(prompt.id, Record(prompt.id, prompt.tokens, event.result.tokens,
+                                               event.result.finish_reason))
+                bar.finished(len(event.result.tokens))
+            bar.tick()
+    finally:
+        in_order.drain()     # an interruption or a deadline: what finished is stored all the same
+        bar.close()
+    return bar.new_tokens
+
+
+def _store(items: list, out_dir, manifest_fields: dict, shard_size: int, run: dict, fill,
+           doing: str = "generate") -> dict:
+    """One writer session over `items` (anything with an `.id`): `fill(writer, pending)` stores the
+    pending ones and returns the response tokens it made; returns the run's summary."""
+    with ShardWriter(out_dir, manifest_fields, shard_size=shard_size, run=run) as writer:
+        pending = [item for item in items if item.id not in writer.ids]
+        stored_before = writer.manifest["counts"]["records"]
+        say(f"{len(items)} {'prompts' if doing == 'generate' else 'records'}: {len(items) - len(pending)} already "
+             f"stored, {len(pending)} to {doing} into {out_dir}")
+        started = time.perf_counter()
+        new_tokens = fill(writer, pending)
+    elapsed = time.perf_counter() - started
+    counts = writer.manifest["counts"]
+    summary = {"records_added": counts["records"] - stored_before, "records_stored": counts["records"],
+               "response_tokens_added": new_tokens, "seconds": round(elapsed, 1),
+               "tokens_per_second": round(new_tokens / elapsed, 1) if elapsed else 0.0,
+               "shards": len(writer.manifest["shards"]),
+               "prompts_left": sum(item.id not in writer.ids for item in items)}
+    say(f"done: {json.dumps(summary)}")
+    return summary
 
 
 def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_fields: dict, *,
@@ -206,26 +238,49 @@ def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_
     adapter = TargetAdapter(model, None if draft is None else draft.config.target_layer_ids, exact_verify=exact_verify)
     try:
         decoder = SpeculativeDecoder(adapter, draft)
-        with ShardWriter(out_dir, manifest_fields, shard_size=shard_size, run=run) as writer:
-            pending = [p for p in prompts if p.id not in writer.ids]
-            stored_before = writer.manifest["counts"]["records"]
-            _say(f"{len(prompts)} prompts: {len(prompts) - len(pending)} already stored, {len(pending)} to "
-                 f"generate into {out_dir}")
-            started = time.perf_counter()
-            new_tokens = _decode_into(decoder, writer, pending, progress, batch_size, stop_ids, seed,
-                                      deadline=deadline, max_new_tokens=max_new_tokens, temperature=temperature,
-                                      top_p=top_p, top_k=top_k)
+        return _store(prompts, out_dir, manifest_fields, shard_size, run, lambda writer, pending: _decode_into(
+            decoder, writer, pending, progress, batch_size, stop_ids, seed, deadline=deadline,
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k))
     finally:
         adapter.close()
-    elapsed = time.perf_counter() - started
-    counts = writer.manifest["counts"]
-    summary = {"records_added": counts["records"] - stored_before, "records_stored": counts["records"],
-               "response_tokens_added": new_tokens, "seconds": round(elapsed, 1),
-               "tokens_per_second": round(new_tokens / elapsed, 1) if elapsed else 0.0,
-               "shards": len(writer.manifest["shards"]),
-               "prompts_left": sum(p.id not in writer.ids for p in prompts)}
-    _say(f"done: {json.dumps(summary)}")
-    return summary
+
+
+def _greedy(model, prompt: list[int], max_new_tokens: int, stop_ids) -> list[int]:
+    """The local target's greedy answer to one prompt."""
+    adapter = TargetAdapter(model, None)
+    try:
+        [result] = SpeculativeDecoder(adapter, None).generate(
+            [prompt], GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=tuple(stop_ids)))
+    finally:
+        adapter.close()
+    return result.tokens
+
+
+def _through_endpoint(model, remote, prompts: list[Prompt], out_dir, fields: dict, shard_size: int, run: dict,
+                      concurrency: int, seed: int, progress: bool) -> dict:
+    """Prove the endpoint serves this target (`endpoint.prove_same_target`), then regenerate through it."""
+    from dflash2.training.endpoint import PROBE_TOKENS, prove_same_target, request_into
+
+    probe, length = _queue(prompts)[0], min(PROBE_TOKENS, remote.sampling["max_new_tokens"])
+    checked = prove_same_target(remote, probe.tokens, _greedy(model, probe.tokens, length, remote.stops), length)
+    say(f"{remote.endpoint.base} serves this target (tokenizer fingerprint {checked['tokenizer_fingerprint']}, "
+         f"greedy probe of {checked['greedy_probe_tokens']} tokens equal); {concurrency} requests at a time")
+    run = {**run, "endpoint": remote.endpoint.base, "endpoint_model": remote.model, "concurrency": concurrency,
+           "shard_size": shard_size, **checked}
+
+    def fill(writer: ShardWriter, pending: list[Prompt]) -> int:
+        bar = Progress(writer, len(pending), progress)
+        try:
+            dropped = request_into(remote, writer, list(_queue(pending)), concurrency, seed, bar)
+        finally:
+            bar.close()
+            writer.run["token_ids"] = remote.token_ids
+        if dropped:
+            writer.run["answers_not_stored"] = dropped
+            say(f"{dropped} answers were not stored: their text does not re-encode to itself with this tokenizer")
+        return bar.new_tokens
+
+    return _store(prompts, out_dir, fields, shard_size, run, fill)
 
 
 def check_settings(batch_size: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int) -> None:
@@ -233,56 +288,84 @@ def check_settings(batch_size: int, max_new_tokens: int, temperature: float, top
     GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k).validate()
 
 
-def regenerate(target: str, out_dir: str | Path, num_prompts: int, max_new_tokens: int = 256,
+def _positive(value, name: str, optional: bool = False) -> None:
+    require((optional and value is None) or (isinstance(value, int) and not isinstance(value, bool) and value > 0),
+            f"{name} must be a positive integer, got {value!r}")
+
+
+def regenerate(target: str, out_dir: str | Path, num_prompts: int | None = None, max_new_tokens: int = 256,
                temperature: float = 0.0, batch_size: int = 16, seed: int = 0, draft=None, shard_size: int = 256,
-               prompts_source: str = "sharegpt", max_prompt_tokens: int = 512, top_p: float = 1.0,
-               top_k: int = 0, progress: bool = True, device: str = "cpu", dtype: str = "auto",
-               exact_verify: bool = False) -> dict:
-    """Regenerate the responses of `num_prompts` training prompts with `target` into `out_dir`.
-    Every setting, the output directory and the draft are checked before the target loads."""
-    from dflash2.devices import settle
+               prompts_source: str | None = None, max_prompt_tokens: int = 512, top_p: float = 1.0,
+               top_k: int = 0, progress: bool = True, prompts_file: str | Path | None = None,
+               off_policy: bool = False, endpoint: str | None = None, endpoint_model: str | None = None,
+               api_key: str | None = None, concurrency: int = 8, request_timeout_s: float = 600.0,
+               device: str = "cpu", dtype: str = "auto", exact_verify: bool = False) -> dict:
+    """Regenerate the responses of `num_prompts` training prompts (or a user's `prompts_file`) with
+    `target` (or through `endpoint`) into `out_dir`; with `off_policy`, store the file's own answers.
+    Every setting, the file, the output directory and the draft are checked before the target loads."""
+    from dflash2.data.chat_files import load_chat_file
+    from dflash2.runtime.devices import settle
     from dflash2.data.shards import check_output_dir
     from dflash2.model.draft import DFlash2DraftModel
     from dflash2.pipeline import check_draft_fits
     from dflash2.targets.builtin import load_target_model, open_target
+    from dflash2.training import prompt_sets
+    from dflash2.training.endpoint import Endpoint
 
-    require(isinstance(num_prompts, int) and num_prompts > 0, f"num_prompts must be a positive integer, got {num_prompts!r}")
-    require(isinstance(max_prompt_tokens, int) and max_prompt_tokens > 0,
-            f"max_prompt_tokens must be a positive integer, got {max_prompt_tokens!r}")
-    require(isinstance(shard_size, int) and shard_size > 0, f"shard_size must be a positive integer, got {shard_size!r}")
+    _positive(num_prompts, "num_prompts", optional=prompts_file is not None)
+    _positive(max_prompt_tokens, "max_prompt_tokens")
+    _positive(shard_size, "shard_size")
+    _positive(concurrency, "concurrency")
+    require(prompts_file is None or prompts_source is None, "give --source or --prompts, not both")
+    require(not off_policy or prompts_file is not None, "--off-policy stores the answers of a --prompts FILE; give one")
+    require(not (off_policy and (endpoint or draft)), "--off-policy decodes nothing: it takes no --endpoint or --draft")
+    require(not (endpoint and draft), "--draft speeds up local decoding; an --endpoint decodes with its own settings")
     check_settings(batch_size, max_new_tokens, temperature, top_p, top_k)
     check_output_dir(out_dir)
     device, precision = settle(device, stored_dtype(out_dir) if dtype == "auto" else dtype)
-    _say(f"target {target} on {device}, {precision.describe()}")
+    chats = load_chat_file(prompts_file) if prompts_file is not None else None
+    remote_end = Endpoint(endpoint, api_key, request_timeout_s) if endpoint else None
     draft_label = None if draft is None else str(draft)
     if isinstance(draft, (str, Path)):
         draft = DFlash2DraftModel.from_pretrained(draft)
     files = open_target(target)
     if draft is not None:
         check_draft_fits(draft.config, files, draft_label)
-    tokenizer = files.tokenizer
-    prompts = encode_training_prompts(tokenizer, num_prompts, seed, prompts_source, max_prompt_tokens)
+    tokenizer, name = files.tokenizer, Path(prompts_file).stem if prompts_file is not None else None
+    if off_policy:
+        return _off_policy(files, chats, name, prompts_file, out_dir, num_prompts, max_prompt_tokens, max_new_tokens,
+                           shard_size)
+    if chats is not None:
+        prompts = prompt_sets.encode_file_prompts(tokenizer, chats, name, num_prompts, max_prompt_tokens)
+        prompt_fields = prompt_sets.file_fields(prompts_file, max_prompt_tokens)
+    else:
+        prompts_source = prompts_source or "sharegpt"
+        prompts = encode_training_prompts(tokenizer, num_prompts, seed, prompts_source, max_prompt_tokens)
+        prompt_fields = prompt_sets.training_fields(prompts_source, seed, max_prompt_tokens)
     check_fits_context(prompts, files, draft, max_new_tokens)
     if exact_verify:
-        from dflash2.decoding.exact_verify import check_plan
+        from dflash2.decoding.verifier.exact import check_plan
 
         check_plan(target_text_config(files.config), device, precision.torch_dtype)
+    remote_model = _served_model(remote_end, endpoint_model) if remote_end else None   # reachable, before weights load
+    say(f"target {target} on {device}, {precision.describe()}")
     model = load_target_model(files, device, precision.torch_dtype)
     if draft is not None:
         draft = draft.to(device)
     stop_ids = stop_token_ids(tokenizer, model.config)
-    template = getattr(tokenizer, "chat_template", None)
-    fields = {
-        "target": target_fields(target, model),
-        "tokenizer": tokenizer_fields(tokenizer),
-        "prompts": {"source": prompts_source, "seed": seed, "max_prompt_tokens": max_prompt_tokens,
-                    "selection": f"training_prompts(seed={seed}, sources=({prompts_source!r},)) order; the first "
-                                 f"user turn of the first num_prompts (see runs) encoding to <= "
-                                 f"{max_prompt_tokens} tokens"},
-        "sampling": sampling_fields(max_new_tokens, temperature, top_p, top_k, stop_ids, template),
-    }
+    sampling = sampling_fields(max_new_tokens, temperature, top_p, top_k, stop_ids, getattr(tokenizer, "chat_template", None))
+    if chats is not None and sampling["chat_template_sha256"]:
+        sampling["chat_template"] = "target's own, the record's messages up to its last user message, generation prompt added"
+    fields = {"target": target_fields(target, model), "tokenizer": tokenizer_fields(tokenizer),
+              "prompts": prompt_fields, "sampling": sampling}
     run = {"num_prompts": num_prompts, "target_path": files.resolved, "torch_threads": torch.get_num_threads(),
            "device": device, **precision.record(), "exact_verify": exact_verify}
+    if remote_end is not None:
+        from dflash2.training.endpoint import RemoteTarget
+
+        remote = RemoteTarget(remote_end, remote_model, tokenizer, stop_ids,
+                              {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k})
+        return _through_endpoint(model, remote, prompts, out_dir, fields, shard_size, run, concurrency, seed, progress)
     return generate_shards(model, prompts, out_dir, fields, max_new_tokens=max_new_tokens, temperature=temperature,
                            top_p=top_p, top_k=top_k, stop_ids=stop_ids, batch_size=batch_size, seed=seed,
                            draft=draft, shard_size=shard_size, run=run, progress=progress, draft_label=draft_label,
@@ -299,6 +382,47 @@ def stored_dtype(out_dir: str | Path) -> str:
         return "auto"
 
 
+def _served_model(endpoint, wanted: str | None) -> str:
+    served = endpoint.models()
+    if wanted is not None:
+        require(wanted in served, f"the endpoint {endpoint.base} does not serve '{wanted}' (it serves: "
+                                  f"{', '.join(served) or 'nothing'})")
+        return wanted
+    require(len(served) == 1, f"the endpoint {endpoint.base} serves {len(served)} models "
+                              f"({', '.join(served) or 'none'}); name one with --endpoint-model")
+    return served[0]
+
+
+def _off_policy(files, chats, name: str, path, out_dir, num_prompts, max_prompt_tokens: int, max_new_tokens: int,
+                shard_size: int) -> dict:
+    """Store a user's conversations with their own answers (no decoding: off-policy data)."""
+    from dflash2.targets.builtin import load_target_model
+    from dflash2.training import prompt_sets
+
+    tokenizer = files.tokenizer
+    model = load_target_model(files)     # its fingerprint and stop tokens, for the manifest
+    stop_ids = stop_token_ids(tokenizer, model.config)
+    records = prompt_sets.off_policy_records(tokenizer, chats, name, stop_ids, num_prompts, max_prompt_tokens,
+                                             max_new_tokens)
+    template = getattr(tokenizer, "chat_template", None)
+    fields = {"target": target_fields(files.name, model), "tokenizer": tokenizer_fields(tokenizer),
+              "prompts": {**prompt_sets.file_fields(path, max_prompt_tokens),
+                          "selection": "every answered assistant turn of the file's first num_prompts (see runs) "
+                                       "conversations, the messages before it as the prompt"},
+              "sampling": {"off_policy": True, "responses": "the file's own assistant turns, not the target's",
+                           "max_new_tokens": max_new_tokens, "stop_token_ids": sorted(int(i) for i in stop_ids),
+                           "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if template else None}}
+    run = {"num_prompts": num_prompts, "target_path": files.resolved, "off_policy": True, "shard_size": shard_size}
+
+    def fill(writer: ShardWriter, pending: list[Record]) -> int:
+        for record in pending:
+            writer.add(record)
+        return sum(int(r.response.size) for r in pending)
+
+    say("off-policy: the responses are the file's own answers, not the target's")
+    return _store(records, out_dir, fields, shard_size, run, fill, doing="store")
+
+
 # --------------------------------------------------------------------------- command line
 
 def build_parser() -> argparse.ArgumentParser:
@@ -306,19 +430,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = OneLineParser(
         prog="dflash2 regenerate",
-        description="Regenerate training responses with the target (resumable: rerun to continue).")
+        description="Regenerate training responses with the target, here or through an OpenAI-compatible endpoint "
+                    "(resumable: rerun to continue).")
     parser.add_argument("--target", default="smollm2", help="built-in name, local directory or hub id")
     parser.add_argument("--out", required=True, help="output directory of token-id shards")
-    parser.add_argument("--num-prompts", type=int, required=True, help="how many prompts to have in total")
+    parser.add_argument("--num-prompts", type=int, default=None,
+                        help="how many prompts to have in total (needed with --source; default with --prompts: all)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0, help="prompt order (and sampling) seed")
     parser.add_argument("--draft", default=None, help="DFlash2 draft directory (lossless speed-up)")
     parser.add_argument("--shard-size", type=int, default=256, help="records per shard")
     parser.add_argument("--max-prompt-tokens", type=int, default=512, help="skip longer prompts")
-    parser.add_argument("--source", default="sharegpt", choices=tuple(TRAINING_SOURCES),
-                        help="training prompt source (default: sharegpt)")
+    parser.add_argument("--source", default=None, choices=tuple(TRAINING_SOURCES),
+                        help="built-in training prompt source (default: sharegpt)")
+    parser.add_argument("--prompts", default=None, metavar="FILE",
+                        help="your own prompts: JSON Lines (or one JSON array) of {\"prompt\": ...}, OpenAI "
+                             "{\"messages\": [...]} or ShareGPT {\"conversations\": [...]} records")
+    parser.add_argument("--off-policy", action="store_true",
+                        help="with --prompts: store the file's own assistant turns as the responses instead of "
+                             "regenerating them (off-policy data: no decoding)")
+    remote = parser.add_argument_group("through an OpenAI-compatible server (vLLM, SGLang, llama-server, dflash2 serve)")
+    remote.add_argument("--endpoint", default=None, metavar="URL", help="the server's base URL, e.g. http://host:8000")
+    remote.add_argument("--endpoint-model", default=None, help="the served model id (default: the only one)")
+    remote.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY") or None,
+                        help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY)")
+    remote.add_argument("--concurrency", type=int, default=None, help="requests in flight (default 8)")
+    remote.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_device_arguments(parser)
     return parser
@@ -332,11 +473,18 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM saves finished records, like Ctrl-C
     try:
         args = build_parser().parse_args(argv)
+        require(args.prompts is not None or args.num_prompts is not None, "--num-prompts is required with --source "
+                                                                          "(or give --prompts FILE)")
+        require(args.endpoint is not None or args.concurrency is None,
+                "--concurrency sets the requests in flight to an --endpoint; give one (local decoding: --batch-size)")
         regenerate(args.target, args.out, args.num_prompts, max_new_tokens=args.max_new_tokens,
                    temperature=args.temperature, batch_size=args.batch_size, seed=args.seed, draft=args.draft,
-                   shard_size=args.shard_size, prompts_source=args.source,
-                   max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress, device=args.device,
-                   dtype=args.dtype, exact_verify=args.exact_verify)
+                   shard_size=args.shard_size, prompts_source=args.source, max_prompt_tokens=args.max_prompt_tokens,
+                   top_p=args.top_p, top_k=args.top_k, progress=not args.no_progress, prompts_file=args.prompts,
+                   off_policy=args.off_policy, endpoint=args.endpoint, endpoint_model=args.endpoint_model,
+                   api_key=args.api_key, concurrency=8 if args.concurrency is None else args.concurrency,
+                   request_timeout_s=args.request_timeout, device=args.device, dtype=args.dtype,
+                   exact_verify=args.exact_verify)
     except DFlash2Error as error:
         print(f"dflash2 regenerate: error: {error}", file=sys.stderr)
         return 2

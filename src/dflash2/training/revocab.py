@@ -23,12 +23,12 @@ from dflash2.argparsing import OneLineParser
 from dflash2.data.holdout import is_held_out
 from dflash2.data.shards import load_manifest, read_records
 from dflash2.data.vocab import coverage, frequency_vocabulary
-from dflash2.dtypes import DTYPES
+from dflash2.runtime.dtypes import DTYPES
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import refuse_existing_output
+from dflash2.files.atomic import refuse_existing_output
 from dflash2.model.draft import DFlash2DraftModel, read_config
 from dflash2.training.draft_step import with_vocabulary
-from dflash2.weights import stored_dtype, weight_files
+from dflash2.files.weights import stored_dtype, weight_files
 
 
 def response_sequences(dirs: list[str]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], set[int]]:

@@ -45,9 +45,9 @@ from tqdm import tqdm
 
 from dflash2.argparsing import OneLineParser
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import atomic_write
-from dflash2.provenance import cpu_has_native_bf16
-from dflash2.decoding.verifier import TargetAdapter
+from dflash2.files.atomic import atomic_write
+from dflash2.runtime.provenance import cpu_has_native_bf16
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.training import checkpoints as ckpt
 from dflash2.training.batches import Example, build_batch
 from dflash2.training.config import TrainConfig, load_config

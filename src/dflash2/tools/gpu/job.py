@@ -313,15 +313,15 @@ def write_outputs(run_dir: Path, out_dir: Path, part_bytes: int, summary: dict, 
 
 def check_lossless(target_model, draft_dir: Path, prompts: list[list[int]], max_new_tokens: int = 12) -> bool:
     """Whether speculative greedy decoding with the draft in `draft_dir` equals plain decoding."""
-    from dflash2.decoding.engine import GenerationConfig, SpeculativeDecoder
-    from dflash2.decoding.verifier import TargetAdapter
+    from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+    from dflash2.decoding.verifier.adapter import TargetAdapter
     from dflash2.model.draft import DFlash2DraftModel
 
     device = next(target_model.parameters()).device
     draft = DFlash2DraftModel.from_pretrained(draft_dir, device=device)
     config = GenerationConfig(max_new_tokens=max_new_tokens)
     spec = SpeculativeDecoder(TargetAdapter(target_model, draft.config.target_layer_ids), draft, "always")
-    plain = SpeculativeDecoder(TargetAdapter(target_model))
+    plain = spec.variant(speculate="never")
     return [r.tokens for r in spec.generate(prompts, config)] == [r.tokens for r in plain.generate(prompts, config)]
 
 

@@ -41,11 +41,12 @@ import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from dflash2.argparsing import OneLineParser, run_command
 from dflash2.errors import DFlash2Error, require
-from dflash2.fileio import atomic_directory, atomic_write, sha256_file
+from dflash2.files.atomic import atomic_directory, atomic_write, sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT = "dflash2-parts"
@@ -434,7 +435,7 @@ def _split_target(args) -> int:
 
 
 def _collect(args) -> int:
-    from dflash2.fileio import refuse_existing_output
+    from dflash2.files.atomic import refuse_existing_output
     from dflash2.model.draft import DFlash2DraftModel
 
     dest = Path(args.dest)
@@ -447,11 +448,6 @@ def _collect(args) -> int:
                       "num_layers": draft.config.num_hidden_layers, "block_size": draft.config.block_size,
                       "summary": str(summary) if summary.is_file() else None}))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The command line; a bad input is one line `error: ...` and 2 (`argparsing.run_command`)."""
-    return run_command(_main, argv)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -489,6 +485,9 @@ def _main(argv: list[str] | None) -> int:
         print(f"{args.dest}: {manifest['size']} bytes, sha256 {manifest['sha256']} verified")
         return 0
     return _collect(args)
+
+
+main = partial(run_command, _main)   # a bad input is one line `error: ...` and 2 (`argparsing.run_command`)
 
 
 if __name__ == "__main__":

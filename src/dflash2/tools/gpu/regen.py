@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -140,7 +141,7 @@ def collect_data(parts_dir: str | Path, dest: str | Path) -> dict:
     `dest` (which must not exist yet, or be empty), and read every record (each shard's sha256 is
     checked); returns the manifest's counts."""
     from dflash2.data.shards import load_manifest, read_records
-    from dflash2.fileio import refuse_existing_output
+    from dflash2.files.atomic import refuse_existing_output
 
     dest = Path(dest)
     refuse_existing_output(dest, False, "DEST", "--force", "regenerated shards")
@@ -149,11 +150,6 @@ def collect_data(parts_dir: str | Path, dest: str | Path) -> dict:
     counts = load_manifest(dest)["counts"]
     require(records == counts["records"], f"'{dest}' holds {records} records, its manifest says {counts['records']}")
     return counts
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The command line; a bad input is one line `error: ...` and 2 (`argparsing.run_command`)."""
-    return run_command(_main, argv)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -174,6 +170,9 @@ def _main(argv: list[str] | None) -> int:
         print(json.dumps(collect_data(args.parts_dir, args.dest)))
         return 0
     return _export(args)
+
+
+main = partial(run_command, _main)   # a bad input is one line `error: ...` and 2 (`argparsing.run_command`)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,149 @@
+"""The values a decoding cycle passes between engine, proposers and policy (nothing here decides):
+what is offered (`Offer`), planned (`CyclePlan`, whose `choose` gives the `Choice`) and done
+(`CycleRecord`, all the policy learns from), and `Backoff`, every wait the policy keeps. Sources:
+"draft" and "lookup" verify alone; `LATTICE` (the draft's second path) only as a tree's branch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+SOURCES = ("draft", "lookup")    # the sources a row may verify alone
+LATTICE = "lattice"              # the draft's second path: only ever a tree's second branch
+SAMPLED_DRAFT_CONFIDENCE = 0.5   # what the policy sees of a sampled row's draft tokens (`Offer.of`)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """A wait of `left` cycles; `length` is the least length of the next one, doubled (up to
+    `longest`) when a wait runs out and back to `shortest` on `relax()`."""
+    shortest: int
+    longest: int
+    length: int
+    left: int = 0
+
+    @classmethod
+    def between(cls, shortest: int, longest: int) -> "Backoff":
+        return cls(shortest, longest, shortest)
+
+    @property
+    def waiting(self) -> bool:
+        return self.left > 0
+
+    def wait(self, needed: int = 0) -> "Backoff":
+        """Start a wait of `needed` cycles, at least `length`, at most `longest`."""
+        n = min(max(self.length, needed), self.longest)
+        return replace(self, length=n, left=n)
+
+    def tick(self) -> "Backoff":
+        left = self.left - 1
+        return replace(self, left=left, length=self.length if left else min(2 * self.length, self.longest))
+
+    def cancel(self) -> "Backoff":
+        return replace(self, left=0)
+
+    def relax(self) -> "Backoff":
+        return replace(self, length=self.shortest)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What the proposers offer one cycle, per row: each source's confidence in its tokens (None:
+    the source did not run this cycle; an empty list: it has nothing for that row)."""
+    greedy: list[bool]
+    draft: list[list[float]] | None = None
+    lookup: list[list[float]] | None = None
+    shared: list[int | None] | None = None   # tokens the draft and lookup proposals share at their start
+    remaining: list[int] | None = None       # tokens each row may still commit in a fixed batch (None: refills)
+    lattice: list[list[float]] | None = None  # the draft's second path's confidence per token
+    forks: list[int | None] | None = None     # where it leaves the draft's path (None: no tree)
+
+    @classmethod
+    def of(cls, greedy: list[bool], draft: list[list[float]] | None = None,
+           lookup: list[list[float]] | None = None, shared: list[int | None] | None = None,
+           remaining: list[int] | None = None, lattice: list[list[float]] | None = None,
+           forks: list[int | None] | None = None) -> "Offer":
+        """The acceptance rule is exact only for a proposal chosen independently of the draft's random
+        draw: a sampled row offers a constant confidence and no tree."""
+        if draft is not None:
+            draft = [c if g else [SAMPLED_DRAFT_CONFIDENCE] * len(c) for c, g in zip(draft, greedy)]
+        if shared is not None:
+            shared = [s if g else None for s, g in zip(shared, greedy)]
+        if forks is not None:
+            forks = [f if g else None for f, g in zip(forks, greedy)]
+        return cls(greedy, draft, lookup, shared, remaining, lattice, forks)
+
+    def sources(self) -> list[tuple[str, list[list[float]]]]:
+        return [(name, c) for name, c in zip(SOURCES, (self.draft, self.lookup)) if c is not None]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Room for k tokens a row (the pass runs k + 1), per row the source ("draft", "lookup", "tree",
+    "" for none) and tokens verified (a tree's nodes; `branches` its two lengths, `second_sources` its
+    second branch's source), expected tokens and rate. `baseline`: what the best choice without the
+    draft was expected to lose against plain decoding (seconds). For the learner: `lookup_probes`
+    (that back-off after this choice; None: as it was), `draft_yield` (the draft's k and expected
+    tokens a row at its best, ordinary `auto` draft cycles) and `draft_chosen` (that best used it)."""
+    k: int
+    expected: float
+    rate: float
+    sources: tuple[str, ...] = ()
+    lengths: tuple[int, ...] = ()
+    branches: tuple[tuple[int, int], ...] = ()
+    second_sources: tuple[str, ...] = ()
+    baseline: float = 0.0
+    lookup_probes: Backoff | None = None
+    draft_yield: tuple[int, float] | None = None
+    draft_chosen: bool = False
+
+    @classmethod
+    def nothing(cls, b: int) -> "Choice":
+        """A plain step (nothing offered)."""
+        return cls(0, float(b), 0.0, ("",) * b, (0,) * b)
+
+    @property
+    def has_tree(self) -> bool:
+        return "tree" in self.sources
+
+    def second_source(self, r: int) -> str:
+        return self.second_sources[r] if self.second_sources else "lookup"
+
+
+@dataclass(frozen=True)
+class CyclePlan:
+    """`draft`: run the draft pass; `probe`: choose optimistically; `fallback`: a fallback's plain step;
+    `skips`: the skipped-draft back-off after this cycle (None: as it was); `chooser` makes the choice."""
+    draft: bool
+    probe: bool = False
+    fallback: bool = False
+    skips: Backoff | None = None
+    chooser: Callable[[Offer, float | None], Choice] | None = None
+
+    def choose(self, offer: Offer, draft_seconds: float | None = None) -> Choice:
+        """The cycle's choice once the offer is complete (`draft_seconds`: its draft pass's time)."""
+        if self.chooser is None or not offer.sources():
+            return Choice.nothing(len(offer.greedy))
+        return self.chooser(offer, draft_seconds)
+
+
+@dataclass
+class CycleRecord:
+    """What one cycle did: offer, plan, choice, whether the draft ran, per row the tokens verified and
+    accepted, the pass's width (tokens a row) and its times (draft pass, target pass, the rest)."""
+    b: int
+    offer: Offer
+    plan: CyclePlan
+    choice: Choice
+    drafted: bool
+    verified: list[int]
+    accepted: list[int]
+    width: int
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    host_seconds: float = 0.0
+    branch_accepted: dict[int, tuple[int, int]] = field(default_factory=dict)   # tree row -> per branch
+
+    @property
+    def seconds(self) -> float:
+        return self.draft_seconds + self.verify_seconds + self.host_seconds

@@ -1,0 +1,153 @@
+"""What a cycle is expected to give: pure arithmetic of acceptance probabilities and plain-step times.
+
+Contract:
+- `AcceptanceModel`: P(a proposed token is accepted | it was reached, its source's confidence), per
+  confidence bin, greedy and sampled rows apart, as Beta counts learned by `observe(confidence,
+  greedy, verified, accepted)`; `probabilities(confidence, greedy, optimism)` gives each token's
+  posterior mean plus `optimism` standard deviations. A bin's prior is its mid confidence times the
+  table's calibration so far (`scale`), so a bin that has seen little inherits how the source's
+  other bins turned out instead of being tried at its face value.
+- `expected_tokens(p, k)`, `expectations_by_length(p)`: E(k) = 1 + sum_{i<=k} prod_{j<=i} p_j, the
+  tokens a cycle commits when k proposed tokens are verified.
+- `tree_options(draft, second, shared)`: a row's draft path and a second branch (lookup's, or the
+  lattice's second path) verified as one tree, sharing their first `shared` tokens -> per width w
+  (nodes below the anchor) the best (expected tokens, nodes, draft length, second length) of at
+  most w nodes; empty when one branch is a prefix of the other. At the divergence at most one of the
+  two tokens can be accepted. `best_per_width(options)`: of several such lists, per width the best.
+- A fixed batch (every row known from the start: `generate`, `bench`) ends when its last row does.
+  `plain_seconds(remaining, step)`: plain decoding's time to finish rows with `remaining[r]` tokens
+  left, `step[n - 1]` a plain step of n rows: P(R) = sum_i (R_(i) - R_(i-1)) * step(b - i + 1);
+  `saved_seconds(remaining, expected, step)`: what a cycle committing `expected[r]` saves, P(R) -
+  P(R - E); `step_curve(b, seconds)`: `step` for 1..b rows from `seconds(n)` at powers of two and b,
+  never decreasing in n. Rating a fixed batch's cycle by saved seconds per second is one step of
+  policy improvement over plain decoding: in expectation its last row ends no later.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass
+class AcceptanceModel:
+    bins: int = 10
+    prior_weight: float = 2.0
+    scale_weight: float = 2.0   # the prior weight of the table-wide calibration (`scale`)
+    counts: dict[bool, list[list[float]]] = field(default_factory=dict)  # greedy -> [bin] -> [accepted, reached]
+    totals: dict[bool, list[float]] = field(default_factory=dict)  # greedy -> [accepted, sum of the reached bins' mids]
+
+    def scale(self, greedy: bool) -> float:
+        """Accepted over what the bins' mid confidences predicted, over everything observed."""
+        accepted, predicted = self.totals.get(greedy, (0.0, 0.0))
+        return (accepted + self.scale_weight) / (predicted + self.scale_weight)
+
+    def _table(self, greedy: bool, keep: bool = False) -> list[list[float]]:
+        """The counts of greedy or sampled rows (the prior's until one is observed; `keep`: stored)."""
+        table = self.counts.get(greedy)
+        if table is None:
+            table = [[self.prior_weight * (i + 0.5) / self.bins, self.prior_weight] for i in range(self.bins)]
+            if keep:
+                self.counts[greedy] = table
+        return table
+
+    def _bin(self, confidence: float) -> int:
+        return min(int(confidence * self.bins), self.bins - 1)
+
+    def probabilities(self, confidence: list[float], greedy: bool, optimism: float = 0.0) -> list[float]:
+        out = []
+        table, scale = self._table(greedy), self.scale(greedy)
+        for c in confidence:
+            i = self._bin(c)
+            accepted, reached = table[i]
+            mid = (i + 0.5) / self.bins
+            mean = (accepted + self.prior_weight * (min(mid * scale, 1.0) - mid)) / reached
+            out.append(min(mean + optimism * math.sqrt(mean * (1 - mean) / (reached + 1)), 1.0))
+        return out
+
+    def observe(self, confidence: list[float], greedy: bool, verified: int, accepted: int) -> None:
+        """Tokens 1..verified were verified and 1..accepted accepted: 1..min(accepted + 1, verified) reached."""
+        table = self._table(greedy, keep=True)
+        totals = self.totals.setdefault(greedy, [0.0, 0.0])
+        for j in range(min(accepted + 1, verified)):
+            i = self._bin(confidence[j])
+            table[i][0] += 1.0 if j < accepted else 0.0
+            table[i][1] += 1.0
+            totals[0] += 1.0 if j < accepted else 0.0
+            totals[1] += (i + 0.5) / self.bins
+
+
+def expectations_by_length(probabilities: list[float]) -> list[float]:
+    out, reach = [1.0], 1.0
+    for a in probabilities:
+        reach *= a
+        out.append(out[-1] + reach)
+    return out
+
+
+def expected_tokens(probabilities: list[float], k: int) -> float:
+    return expectations_by_length(probabilities[:k])[-1]
+
+
+def tree_options(draft: list[float], second: list[float], shared: int) -> list[tuple[float, int, int, int]]:
+    if shared >= min(len(draft), len(second)):
+        return []
+    reach, base = 1.0, 1.0
+    for a, c in zip(draft[:shared], second[:shared]):   # shared tokens: the likelier source's probability
+        reach *= max(a, c)
+        base += reach
+    both = draft[shared] + second[shared]
+    start = reach / both if both > 1 else reach          # the two diverging tokens: at most one accepted
+
+    def gains(p: list[float]) -> list[float]:           # expected tokens from the first j divergent nodes
+        out, r = [0.0], start
+        for a in p[shared:]:
+            r *= a
+            out.append(out[-1] + r)
+        return out
+
+    draft_gain, second_gain = gains(draft), gains(second)
+    best = [(0.0, 0, 0, 0)] * (len(draft) + len(second) - shared + 1)
+    for i in range(1, len(draft_gain)):
+        for j in range(1, len(second_gain)):
+            expected = base + draft_gain[i] + second_gain[j]
+            if expected > best[shared + i + j][0]:
+                best[shared + i + j] = (expected, shared + i + j, shared + i, shared + j)
+    for w in range(1, len(best)):
+        if best[w - 1][0] > best[w][0]:
+            best[w] = best[w - 1]
+    return best
+
+
+def best_per_width(options: list[tuple[list[tuple[float, int, int, int]], str]]) -> list[tuple[float, int, int, int, str]]:
+    """(`tree_options` list, its second branch's source) pairs of one row -> per width the best."""
+    widest = max((len(o) for o, _ in options), default=0)
+    best = []
+    for w in range(widest):
+        candidates = [(*o[min(w, len(o) - 1)], name) for o, name in options if o]
+        best.append(max(candidates, key=lambda c: c[0]))
+    return best
+
+
+def plain_seconds(remaining: list[float], step: list[float]) -> float:
+    total, before, b = 0.0, 0.0, len(remaining)
+    for i, r in enumerate(sorted(remaining)):
+        total += (r - before) * step[b - i - 1]
+        before = r
+    return total
+
+
+def saved_seconds(remaining: list[float], expected: list[float], step: list[float]) -> float:
+    after = [r - min(e, r) for r, e in zip(remaining, expected)]
+    return plain_seconds(remaining, step) - plain_seconds(after, step)
+
+
+def step_curve(b: int, seconds: Callable[[int], float]) -> list[float]:
+    points = sorted({b} | {1 << i for i in range(b.bit_length()) if 1 << i < b})
+    known = [(n, seconds(n)) for n in points]
+    steps = [known[0][1]]
+    for (n0, s0), (n1, s1) in zip(known, known[1:]):
+        steps += [s0 + (s1 - s0) * (n - n0) / (n1 - n0) for n in range(n0 + 1, n1 + 1)]
+    for n in range(1, len(steps)):
+        steps[n] = max(steps[n], steps[n - 1])
+    return steps

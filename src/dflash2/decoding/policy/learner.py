@@ -1,0 +1,170 @@
+"""The speculation policy: when to speculate and how much to verify. The choice is `chooser`'s pure
+functions; `SpeculationPolicy` is the one object that learns, and only from cycle records.
+
+Contract:
+- `SpeculationPolicy(mode, costs, ...)` (the rest: `chooser.Settings`): `never` decodes plainly;
+  `always` drafts and verifies the whole block every cycle; `auto` verifies what pays for itself
+  and falls back to plain decoding while the draft does not.
+- `calibrate(target, block)`, at a batch's admission: the cost model's start-up figures (stored per
+  machine, `calibration`), once; True when it ran (its time is no cycle's).
+- `prepare(b, offer, block, can_draft)` -> `CyclePlan` (reads only): whether the cycle runs the
+  draft pass (not in a fallback, not at a batch size this run has not timed a plain step of, and,
+  with lookup's `offer` in hand, `chooser.worth_drafting`), whether it is a probe (the first draft
+  cycle, and the first after a fallback), and `choose`.
+- `observe(record)`, the only writer: acceptance tables, cost model (and a stale stored
+  calibration), the back-offs the plan and choice carry and, in `auto`, the evidence: each draft
+  cycle's gain (the plain decoding time it saved beyond `Choice.baseline`, less its own time, in
+  plain steps) goes into `GainEvidence`; the draft pass stops only when even the evidence's
+  optimistic bound is a loss, for long enough that what the draft cycles since the last fallback
+  lost on balance (`stretch`) is at most `budget` of the fallback's time, at least
+  `fallback.length` steps (doubling, back to the shortest while the evidence's mean is a gain).
+  So a draft that never pays costs at most `budget` of plain decoding's time after a few cycles.
+- `fresh()`: the same settings and cost model (and its calibration store), nothing learned.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from functools import partial
+
+from dflash2.decoding.policy.calibration import calibrate_cached
+from dflash2.decoding.policy.chooser import (SPECULATE_MODES, Pricing, Settings, Tables, choose, unmeasured,
+                                             worth_drafting)
+from dflash2.decoding.policy.costs import CostModel
+from dflash2.decoding.policy.cycle import LATTICE, Backoff, CyclePlan, CycleRecord, Offer
+from dflash2.decoding.policy.expectation import AcceptanceModel
+
+DRAFT_SCALE_WEIGHT = 8.0   # the draft's confidence is a trained model's probability: its table-wide calibration
+                           # moves only as evidence worth 8 reached tokens says (lookup's heuristic one: 2)
+
+
+@dataclass
+class GainEvidence:
+    """What draft cycles gained, each in plain steps of its batch (+1.0: a step gained), clipped to
+    +-`clip`, exponentially weighted (`decay` per draft cycle, and per plain step by `age`), and shrunk
+    towards `prior` pseudo-cycles at gain 0 with spread `spread`: one or two cycles are weak evidence,
+    three that lose most of a plain step (or eight that lose a quarter) are strong."""
+    decay: float = 0.99
+    prior: float = 4.0
+    clip: float = 2.0
+    spread: float = 1.0
+    weight: float = 0.0       # sum of the weights of the cycles seen
+    total: float = 0.0        # weighted sum of their gains
+    squares: float = 0.0      # weighted sum of their squared gains
+
+    def age(self, steps: int = 1) -> None:
+        factor = self.decay ** steps
+        self.weight, self.total, self.squares = self.weight * factor, self.total * factor, self.squares * factor
+
+    def add(self, gain: float) -> None:
+        self.age()
+        gain = max(-self.clip, min(self.clip, gain))
+        self.weight, self.total, self.squares = self.weight + 1.0, self.total + gain, self.squares + gain * gain
+
+    def mean(self) -> float:
+        return self.total / (self.weight + self.prior)
+
+    def upper(self, z: float) -> float:
+        """The mean plus `z` standard errors."""
+        n = self.weight + self.prior
+        mean = self.total / n
+        return mean + z * math.sqrt(max((self.squares + self.prior * self.spread ** 2) / n - mean * mean, 0.0) / n)
+
+
+class SpeculationPolicy:
+    def __init__(self, mode: str = "auto", costs: CostModel | None = None, min_backoff: int = 8,
+                 max_backoff: int = 512, budget: float = 0.02, optimism: float = 1.0, margin: float = 0.0,
+                 sources: int = 1):
+        if mode not in SPECULATE_MODES:
+            raise ValueError(f"speculate mode must be one of {', '.join(SPECULATE_MODES)}, got {mode!r}")
+        self.settings = Settings(mode, min_backoff, max_backoff, budget, optimism, margin, sources)
+        self.costs = costs or CostModel()
+        self.tables = Tables(AcceptanceModel(scale_weight=DRAFT_SCALE_WEIGHT), AcceptanceModel(), AcceptanceModel())
+        self.evidence = GainEvidence()
+        self.stretch = 0.0               # seconds the draft cycles since the last fallback lost, on balance
+        self.probing = True              # the next draft pass is a probe
+        self.outlook: tuple[float, float] | None = None   # the draft's usual (k, expected tokens a row)
+        self.fallback = Backoff.between(min_backoff, max_backoff)       # plain steps without the draft pass
+        self.lookup_probes = Backoff.between(min_backoff, max_backoff)  # lookup cycles until a lookup probe
+        self.draft_skips = Backoff.between(min_backoff, max_backoff)    # skipped draft passes until one renews
+
+    @property
+    def mode(self) -> str:
+        return self.settings.mode
+
+    def fresh(self) -> "SpeculationPolicy":
+        return SpeculationPolicy(costs=self.costs, **asdict(self.settings))
+
+    def calibrate(self, target, block: int) -> bool:
+        if self.mode != "auto" or self.costs.calibrated or block < 2:
+            return False
+        self.costs.store = calibrate_cached(self.costs, target, block)
+        return True
+
+    def prepare(self, b: int, offer: Offer, block: int, can_draft: bool = True) -> CyclePlan:
+        drafting = can_draft and block > 1
+        if self.mode != "auto":
+            return self._plan(b, block, self.mode == "always" and drafting)
+        if self.fallback.waiting:
+            return self._plan(b, block, False, fallback=True)
+        if unmeasured(self.costs, self.settings, b):
+            return self._plan(b, block, False)
+        draft, skips = worth_drafting(self.tables, self.costs, self.settings, b, block, offer, self.outlook,
+                                      self.draft_skips) if drafting else (False, None)
+        return self._plan(b, block, draft, probe=self.probing, skips=skips)
+
+    def _plan(self, b: int, block: int, draft: bool, probe: bool = False, fallback: bool = False,
+              skips: Backoff | None = None) -> CyclePlan:
+        chooser = partial(choose, self.tables, self.costs, self.settings, b, block, probe, self.lookup_probes)
+        return CyclePlan(draft, probe, fallback, skips, chooser)
+
+    def observe(self, record: CycleRecord) -> None:
+        b, plan, choice = record.b, record.plan, record.choice
+        if plan.fallback:
+            self.fallback = self.fallback.tick()
+            self.evidence.age()
+            self.probing = self.probing or not self.fallback.waiting
+        if plan.skips is not None:
+            self.draft_skips = plan.skips
+        if choice.draft_yield is not None:   # the draft's usual yield: a moving average
+            self.outlook = (float(choice.draft_yield[0]), choice.draft_yield[1]) if self.outlook is None else tuple(
+                0.8 * old + 0.2 * new for old, new in zip(self.outlook, choice.draft_yield))
+            if choice.draft_chosen:
+                self.draft_skips = self.draft_skips.relax()
+        if choice.lookup_probes is not None:
+            self.lookup_probes = choice.lookup_probes
+        if record.drafted:
+            self.costs.observe_draft(b, record.draft_seconds)
+        self.costs.observe_verify(b, record.width, record.verify_seconds)
+        self.costs.observe_host(b, record.drafted or record.width > 1, record.host_seconds)
+        self._calibrate_tables(record)
+        if record.drafted and self.mode == "auto":
+            self._weigh(record)
+        if self.costs.store is not None:     # what this run measures replaces a stale stored calibration
+            self.costs.store.refresh(self.costs)
+
+    def _calibrate_tables(self, record: CycleRecord) -> None:
+        offer, choice, offered = record.offer, record.choice, dict(record.offer.sources())
+        for r, (source, verified, accepted) in enumerate(zip(choice.sources, record.verified, record.accepted)):
+            if source == "tree":      # each branch calibrates its own source
+                (n_draft, n_second), (draft_accepted, second_accepted) = choice.branches[r], record.branch_accepted[r]
+                self.tables.draft.observe(offer.draft[r], True, n_draft, draft_accepted)
+                fork = offer.forks[r] if choice.second_source(r) == LATTICE else None
+                if fork is None:
+                    self.tables.lookup.observe(offer.lookup[r], True, n_second, second_accepted)
+                elif second_accepted >= fork:   # the lattice's own tokens, reached once the shared ones were accepted
+                    self.tables.lattice.observe(offer.lattice[r][fork:], True, n_second - fork, second_accepted - fork)
+            elif source and verified:
+                self.tables.of(source).observe(offered[source][r], offer.greedy[r], verified, accepted)
+
+    def _weigh(self, record: CycleRecord) -> None:
+        pricing = Pricing(self.costs, record.b)
+        loss = pricing.realised_loss(record) - record.choice.baseline
+        self.evidence.add(-loss / max(pricing.plain_step(), 1e-9))
+        self.stretch = max(0.0, self.stretch + loss)
+        self.probing = False
+        if self.evidence.mean() > 0.0:
+            self.fallback = self.fallback.relax()
+        if not self.fallback.waiting and self.evidence.upper(self.settings.optimism) < 0.0:
+            self.fallback = self.fallback.wait(pricing.wait_for(self.stretch, self.settings))
+            self.stretch = 0.0
