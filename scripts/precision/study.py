@@ -68,7 +68,8 @@ def mismatch(args) -> dict:
     reference = Reference(load_target_model(pipe.target_files, pipe.device, torch.float32))
     out = {"dtype": pipe.precision.name, "max_new_tokens": args.max_new_tokens, "arms": {}}
     outputs: dict[str, dict] = {}
-    for numerics in NUMERICS:
+    arms = [n for n in NUMERICS if n in args.numerics.split(",")]
+    for numerics in arms:
         set_numerics(target, numerics)
         for name in ["plain", *decoders]:
             decoder = plain if name == "plain" else decoders[name]
@@ -85,7 +86,7 @@ def mismatch(args) -> dict:
             outputs[f"{numerics}/{name}"] = tokens
             print(f"# {numerics}/{name}: {produced / seconds:.1f} tok/s", file=sys.stderr, flush=True)
             out["arms"][f"{numerics}/{name}"] = {"tokens_per_second": produced / seconds}
-    for numerics in NUMERICS:
+    for numerics in arms:
         base = outputs["float32/plain" if numerics == "exact" else f"{numerics}/plain"]
         for name in decoders:
             arm = f"{numerics}/{name}"
@@ -171,6 +172,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--numerics", default="model,float32",
+                        help="mismatch: the numerics to compare (of model, float32, exact; exact needs float32)")
     parser.add_argument("--per-kind", type=int, default=4, help="prompts of each kind (a quick check: 1)")
     args = parser.parse_args()
     PER_KIND[0] = args.per_kind
