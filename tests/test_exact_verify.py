@@ -77,12 +77,13 @@ def test_bfloat16_greedy_output_is_plain_decodings_token_for_token(exact_bf16, b
     config = GenerationConfig(max_new_tokens=48, stop_token_ids=tuple(pipe.stop_token_ids))
     plain = SpeculativeDecoder(pipe.decoder.target)
     for proposer in ("hybrid", "draft", "lookup"):
-        decoder = pipe.decoder_for(proposer)
+        decoder, cycles = pipe.decoder_for(proposer).variant(speculate="always"), 0
         for start in range(0, len(prompts), batch):
             chunk = prompts[start:start + batch]
             ours = decoder.generate(chunk, config)
             assert [r.tokens for r in ours] == [r.tokens for r in plain.generate(chunk, config)], proposer
-            assert sum(r.stats.cycles for r in ours) > 0
+            cycles += sum(r.stats.cycles for r in ours)
+        assert cycles > 0, proposer       # verify passes ran (a prompt may offer lookup nothing)
 
 
 def test_the_cli_refuses_exact_verify_where_it_cannot_hold_before_loading(monkeypatch, capsys):

@@ -97,3 +97,24 @@ def test_bench_records_the_precision_audits_and_keeps_a_float32_reference_row(wo
     assert reference["status"] == "ok" and reference["overall"]["new_tokens"] > 0
     assert results["peers"]["hf_generate"]["dtype"] == "bfloat16"      # the peers run at the benchmarked precision
     assert "bfloat16 (as asked)" in (work / "out" / "results.md").read_text()
+
+
+@pytest.mark.parametrize("argv", [
+    ("generate", "--prompt", "hi", "--target", "target", "--draft", "draft"),
+    ("bench", "--target", "target", "--draft", "draft", "--datasets", "gsm8k", "--output", "out"),
+    ("analyze", "--target", "target", "--draft", "draft", "--dataset", "gsm8k", "--output", "out"),
+    ("serve", "--target", "target", "--draft", "draft", "--port", "0"),
+    ("regenerate", "--target", "target", "--out", "regen", "--num-prompts", "2", "--source", "synthetic"),
+    ("yardstick", "--target", "target", "--draft", "draft", "--prompts", "p.json", "--table", "t.md"),
+], ids=lambda argv: argv[0])
+def test_every_command_refuses_a_device_this_machine_lacks_in_one_line_before_loading(work, capsys, monkeypatch,
+                                                                                       argv):
+    from dflash2 import pipeline
+    from dflash2.targets import builtin
+
+    for module in (builtin, pipeline):
+        monkeypatch.setattr(module, "load_target_model", lambda *a, **k: pytest.fail("the target loaded"))
+    missing = "cuda:99"                       # no machine has it: the build, the kind or the index is refused
+    assert main([*argv, "--device", missing]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "error:" in err[0] and f"device '{missing}'" in err[0], err
