@@ -348,7 +348,6 @@ def regenerate(target: str, out_dir: str | Path, num_prompts: int | None = None,
 
         check_plan(target_text_config(files.config), device, precision.torch_dtype)
     remote_model = _served_model(remote_end, endpoint_model) if remote_end else None   # reachable, before weights load
-    say(f"target {target} on {device}, {precision.describe()}")
     model = load_target_model(files, device, precision.torch_dtype)
     if draft is not None:
         draft = draft.to(device)
@@ -366,6 +365,7 @@ def regenerate(target: str, out_dir: str | Path, num_prompts: int | None = None,
         remote = RemoteTarget(remote_end, remote_model, tokenizer, stop_ids,
                               {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k})
         return _through_endpoint(model, remote, prompts, out_dir, fields, shard_size, run, concurrency, seed, progress)
+    say(f"target {target} on {device}, {precision.describe()}{', exact verify' if exact_verify else ''}")
     return generate_shards(model, prompts, out_dir, fields, max_new_tokens=max_new_tokens, temperature=temperature,
                            top_p=top_p, top_k=top_k, stop_ids=stop_ids, batch_size=batch_size, seed=seed,
                            draft=draft, shard_size=shard_size, run=run, progress=progress, draft_label=draft_label,
