@@ -21,7 +21,8 @@ Contract:
   to 32 rows (from 33 rows on another kernel class reduces otherwise, measured on a 2-core EPYC);
   its float32 products (MKL) do not (a one-row product takes another kernel), nor, in general, GPU
   kernels (split reductions chosen by shape).
-- `chunked_rows(model)`: a context in which every `nn.Linear` of `model` multiplies at most
+- `chunked_rows(model)`: a context in which every `nn.Linear` of `model`, and every op of its own
+  that dflash2's Llama multiplies through (`projections.Projection`), multiplies at most
   CHUNK_ROWS rows per kernel call (a pass's rows in consecutive chunks), so a wide pass (a batch
   of verify blocks) stays in the kernel class a one-token step uses.
 """
@@ -93,18 +94,22 @@ def _seen(k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> tuple[torc
 @contextlib.contextmanager
 def chunked_rows(model, rows: int = CHUNK_ROWS):
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    # dflash2's Llama multiplies through ops of its own (`projections.Projection`, module attributes with `parts`)
+    ops = [(m, name, op) for m in model.modules() for name, op in list(vars(m).items()) if hasattr(op, "parts")]
 
-    def forward_of(linear):
+    def chunked(product):
         def forward(x: torch.Tensor) -> torch.Tensor:
             flat = x.reshape(-1, x.shape[-1])                                          # [n, in]
             if flat.shape[0] <= rows:
-                return F.linear(x, linear.weight, linear.bias)
-            out = torch.cat([F.linear(part, linear.weight, linear.bias) for part in flat.split(rows)])
+                return product(x)
+            out = torch.cat([product(part) for part in flat.split(rows)])
             return out.reshape(*x.shape[:-1], out.shape[-1])
         return forward
     before = [vars(linear).get("forward") for linear in linears]     # a forward someone else installed
     for linear in linears:
-        linear.forward = forward_of(linear)
+        linear.forward = chunked(lambda x, linear=linear: F.linear(x, linear.weight, linear.bias))
+    for owner, name, op in ops:
+        setattr(owner, name, chunked(op))
     try:
         yield
     finally:
@@ -113,6 +118,8 @@ def chunked_rows(model, rows: int = CHUNK_ROWS):
                 del linear.forward
             else:
                 linear.forward = forward
+        for owner, name, op in ops:
+            setattr(owner, name, op)
 
 
 def batch_invariant(shapes: list[tuple[int, int]], dtype: torch.dtype, device: str,

@@ -18,6 +18,9 @@ its LM head as follows, per row x (the float32 norm output) and token j:
 Measured on SmolLM2 in bfloat16 (2-core EPYC, BENCHMARKS.md section 12): a handful of tokens per
 row are recomputed; a float32 head for the whole vocabulary (a float32 copy of the weight, 113
 MB) cost 3.4x the bfloat16 head for an 8-token verify pass, this about 1 %.
+The head's reduced-precision product is the model's own: `lm_head` for a transformers model, the
+op over `lm_head`'s weight that dflash2's Llama calls instead (`targets.projections.Projection`,
+prepacked on the CPU), found as the model attribute whose `parts` are `(lm_head,)`.
 Every float32 computation is per row (no reduction spans rows), and the head's own product runs
 at most `chunk_rows` rows per call, so a row's logits depend on how many rows its pass has only as
 much as that kernel's do (`--exact-verify` sets the batch-invariant chunk). Outside `installed()` the model
@@ -30,6 +33,15 @@ import copy
 
 import torch
 import torch.nn.functional as F
+
+
+def own_head_op(model, head) -> str | None:
+    """The name of the model's own op over `head`'s weight that its forward calls instead of `head`
+    (dflash2's Llama: a `Projection`), or None (the model calls `head`)."""
+    for name, value in vars(model).items():
+        if getattr(value, "parts", None) == (head,):
+            return name
+    return None
 
 
 def final_norm(model) -> torch.nn.Module | None:
@@ -48,6 +60,9 @@ class FullLogits:
         if not self.active:
             return
         self.head, self.norm = head, final_norm(model)
+        self.model, self.op_name = model, own_head_op(model, head)
+        own = getattr(model, self.op_name) if self.op_name else None
+        self.product = own if own is not None else (lambda x: F.linear(x, head.weight, head.bias))  # the reduced head
         self.chunk_rows = chunk_rows     # rows per product (`--exact-verify`: exact_attention.CHUNK_ROWS)
         self.norm32 = copy.deepcopy(self.norm).float() if self.norm is not None else None
         with torch.no_grad():
@@ -62,18 +77,20 @@ class FullLogits:
         if not self.active:
             yield
             return
-        swapped = [(self.head, self._head_forward)] + ([(self.norm, self._norm_forward)] if self.norm is not None else [])
-        before = [vars(module).get("forward") for module, _ in swapped]    # a forward installed around this one
-        for module, forward in swapped:
-            module.forward = forward
+        head_site = (self.model, self.op_name) if self.op_name else (self.head, "forward")
+        swapped = [(*head_site, self._head_forward)] + (
+            [(self.norm, "forward", self._norm_forward)] if self.norm is not None else [])
+        before = [vars(owner).get(name) for owner, name, _ in swapped]    # what was installed there before
+        for owner, name, forward in swapped:
+            setattr(owner, name, forward)
         try:
             yield
         finally:
-            for (module, _), forward in zip(swapped, before):
-                if forward is None:
-                    del module.forward
+            for (owner, name, _), previous in zip(swapped, before):
+                if previous is None:
+                    delattr(owner, name)
                 else:
-                    module.forward = forward
+                    setattr(owner, name, previous)
 
     def _norm_forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.norm32(hidden.float())
@@ -83,7 +100,7 @@ class FullLogits:
         shape = hidden.shape
         x = hidden.float().reshape(-1, shape[-1])                                        # [n, H]
         rounded = x.to(weight.dtype)
-        z = torch.cat([F.linear(part, weight, bias) for part in rounded.split(self.chunk_rows)]).float()   # [n, V]
+        z = torch.cat([self.product(part) for part in rounded.split(self.chunk_rows)]).float()   # [n, V]
         spread = (x.abs() * self.column_bound).sum(dim=-1)                               # [n] sum_i |x_i| c_i
         inexact = ((x - rounded.float()).abs() * self.column_bound).sum(dim=-1)          # [n] A
         top = z.amax(dim=-1)
