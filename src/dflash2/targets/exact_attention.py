@@ -109,7 +109,7 @@ def chunked_rows(model, rows: int = CHUNK_ROWS):
     for linear in linears:
         linear.forward = chunked(lambda x, linear=linear: F.linear(x, linear.weight, linear.bias))
     for owner, name, op in ops:
-        setattr(owner, name, chunked(op))
+        setattr(owner, name, _Chunked(op, chunked(op)))
     try:
         yield
     finally:
@@ -120,6 +120,19 @@ def chunked_rows(model, rows: int = CHUNK_ROWS):
                 linear.forward = forward
         for owner, name, op in ops:
             setattr(owner, name, op)
+
+
+class _Chunked:
+    """An op whose calls run chunked, its other attributes (`sizes`, `weight`, ...) the op's own."""
+
+    def __init__(self, op, forward):
+        self.op, self.forward = op, forward
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward(x)
+
+    def __getattr__(self, name: str):
+        return getattr(self.op, name)
 
 
 def batch_invariant(shapes: list[tuple[int, int]], dtype: torch.dtype, device: str,
