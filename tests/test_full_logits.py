@@ -75,18 +75,9 @@ def test_the_adapter_returns_float32_logits_and_a_float32_target_is_untouched():
 def test_dflash2s_own_llama_gets_its_float32_logits_through_its_own_head_op():
     """The built-in Llama computes logits through a prepacked op over lm_head's weight, not lm_head:
     that op is what runs in the model's precision, and the argmax is the float32 head's."""
-    from dflash2.targets import llama
+    from test_projections import _tiny      # dflash2's Llama, tiny, its weights spread
 
-    config = llama.LlamaTargetConfig(vocab_size=256, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                     max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    torch.manual_seed(0)
-    model = llama.LlamaCausalLM(config)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0.0, 0.3)
-    model = model.to(torch.bfloat16).eval()
+    model = _tiny(torch.bfloat16)
     own = vars(model)["head"]
     adapter = TargetAdapter(model)
     assert adapter.full_logits.active and adapter.full_logits.op_name == "head"
