@@ -62,7 +62,7 @@ def _stored(work) -> tuple:
 
 
 def _lookup_decode() -> GenerationResult:
-    pipe = load_decoder("target", proposer="lookup", speculate="auto")
+    pipe = load_decoder("target", proposer="lookup", speculate="auto", dtype="float32")
     ids = encode_prompt(pipe.tokenizer, "abcabcabcabcabcabcabcabc", False)
     return pipe.decoder.generate([ids], GenerationConfig(max_new_tokens=64))[0]
 

@@ -13,7 +13,7 @@ def run_json(capsys, *argv) -> dict:
 
 def test_generate_compare_json_on_default_target(capsys):
     report = run_json(capsys, "generate", "--prompt", "Name three primary colors.", "--max-new-tokens", "12",
-                      "--compare", "--json")
+                      "--compare", "--json", "--dtype", "float32")
     for key in ("text", "new_tokens", "acceptance_length", "tokens_per_second", "baseline_tokens_per_second",
                 "speedup", "identical"):
         assert key in report

@@ -57,7 +57,8 @@ def last_json(capsys) -> dict:
 def test_init_draft_and_generate_compare(workplace, draft, capsys):
     capsys.readouterr()
     assert main(["generate", "--target", str(workplace / "target"), "--draft", str(draft), "--prompt", "hello there",
-                 "--max-new-tokens", "12", "--compare", "--speculate", "always", "--json", "--no-chat"]) == 0
+                 "--max-new-tokens", "12", "--compare", "--speculate", "always", "--json", "--no-chat",
+                 "--dtype", "float32"]) == 0
     assert last_json(capsys)["identical"] is True
 
 
@@ -65,7 +66,7 @@ def test_regenerate_with_the_draft_stores_the_targets_greedy_output(workplace, d
     out = workplace / "regen"
     assert main(["regenerate", "--target", str(workplace / "target"), "--draft", str(draft), "--out", str(out),
                  "--num-prompts", "3", "--max-new-tokens", "10", "--batch-size", "2", "--source", "synthetic",
-                 "--no-progress"]) == 0
+                 "--no-progress", "--dtype", "float32"]) == 0
     stop = load_manifest(out)["sampling"]["stop_token_ids"]
     target = AutoModelForCausalLM.from_pretrained(workplace / "target", dtype=torch.float32).eval()
     records = list(read_records(out))
@@ -79,7 +80,7 @@ def test_analyze(workplace, draft):
     out = workplace / "analyze"
     assert main(["analyze", "--target", str(workplace / "target"), "--draft", str(draft), "--dataset-file",
                  str(workplace / "analyze-prompts.jsonl"), "--num-prompts", "1", "--max-new-tokens", "8",
-                 "--repeats", "1", "--output", str(out)]) == 0
+                 "--repeats", "1", "--output", str(out), "--dtype", "float32"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert 1.0 <= results["acceptance"]["convs_on"]["argmax"] <= results["acceptance"]["convs_on"]["oracle"]
     assert results["latency"]["microbench_ms"]["cycle"] > 0
@@ -93,12 +94,12 @@ def test_train_yardstick_bench_export(workplace, capsys, monkeypatch):
     (workplace / "prompts.jsonl").write_text('{"prompt": "hello there"}\n{"prompt": "abc abc"}\n')
     assert main(["bench", "--target", str(workplace / "target"), "--draft", str(final), "--speculate", "always",
                  "--dataset-file", str(workplace / "prompts.jsonl"), "--num-prompts", "2", "--max-new-tokens", "12",
-                 "--concurrency", "1,2", "--output", str(workplace / "bench")]) == 0
+                 "--concurrency", "1,2", "--output", str(workplace / "bench"), "--dtype", "float32"]) == 0
     results = json.loads((workplace / "bench" / "results.json").read_text())
     assert all(c["mismatches"] == 0 for c in results["overall"]["by_concurrency"].values())
     assert main(["yardstick", "--draft", str(final), "--target", str(workplace / "target"), "--data",
                  str(workplace / "data"), "--prompts", str(workplace / "yard-prompts.jsonl"), "--table",
-                 str(workplace / "yard.md"), "--per-benchmark", "1", "--max-new-tokens", "8"]) == 0
+                 str(workplace / "yard.md"), "--per-benchmark", "1", "--max-new-tokens", "8", "--dtype", "float32"]) == 0
     for form in ("dflash2", "dflash-v1"):
         extra = ["--measure-prompts", "1", "--measure-tokens", "8"] if form == "dflash-v1" else []
         assert main(["export", str(final), "--to", form, "--out", str(workplace / f"export-{form}"),

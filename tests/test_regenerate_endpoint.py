@@ -18,7 +18,7 @@ from regen_util import write_prompts, write_target
 from serve_util import LiveServer, start_server_process
 
 MAX_NEW = 24
-COMMON = ["--max-new-tokens", str(MAX_NEW), "--shard-size", "3", "--no-progress"]
+COMMON = ["--max-new-tokens", str(MAX_NEW), "--shard-size", "3", "--no-progress", "--dtype", "float32"]
 KEY = "sk-regen-test"   # the served process requires it
 
 
@@ -29,7 +29,8 @@ def world(tmp_path_factory):
     assert cli(["init-draft", "--target", str(target), "--out", str(root / "draft"), "--layers", "1"]) == 0
     prompts = write_prompts(root / "prompts.jsonl")
     proc, url = start_server_process(root, "--target", str(target), "--draft", str(root / "draft"), "--speculate",
-                                     "always", "--threads", "1", "--log-level", "warning", api_key=KEY, tiny=False)
+                                     "always", "--threads", "1", "--log-level", "warning", "--dtype", "float32",
+                                     api_key=KEY, tiny=False)
     try:
         local = root / "local"
         assert regen.main(["--target", str(target), "--prompts", str(prompts), "--out", str(local),
@@ -78,7 +79,7 @@ def test_an_endpoint_run_resumes_a_local_one(world, tmp_path):
                                          ("retok", "does not use this target's tokenizer")])
 def test_a_server_of_another_model_or_tokenizer_is_refused_in_one_line(world, tmp_path, kind, words, capsys):
     served = write_target(tmp_path / kind, seed=1 if kind == "other" else 0, shift=5 if kind == "retok" else 0)
-    server = LiveServer(load_decoder(str(served), None, no_draft=True, speculate="never"))
+    server = LiveServer(load_decoder(str(served), None, "cpu", "float32", no_draft=True, speculate="never"))
     try:
         out = tmp_path / "refused"
         capsys.readouterr()
@@ -111,7 +112,7 @@ def test_bad_endpoints_are_one_line_before_the_target_loads(world, tmp_path, cap
 def test_without_token_ids_answers_are_re_encoded_and_checked(world, tmp_path):
     """The path for endpoints that return text only: each answer re-encoded with the local tokenizer,
     stored only when it decodes back to that text; the probe compares texts."""
-    pipeline = load_decoder(str(world["target"]), None, no_draft=True, speculate="never")
+    pipeline = load_decoder(str(world["target"]), None, "cpu", "float32", no_draft=True, speculate="never")
     server = LiveServer(pipeline)
     try:
         tokenizer = pipeline.tokenizer

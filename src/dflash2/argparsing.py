@@ -15,9 +15,12 @@ a model has run, freeing every module, tensor and object one by one took 1.2-1.7
 user's wait, which the operating system does at once (for commands that leave nothing to clean
 up at exit: `dflash2 generate`).
 
-`ModelSettings` (target, draft, device, dtype, seed, threads, speculate, tiny) is what
-`add_model_arguments` adds to a parser and `ModelSettings.from_args` reads back, checked (bench,
-analyze, cycles, ablation; `pipeline.build_pipeline` loads it). `add_recalibrate_argument(p)` is
+`ModelSettings` (target, draft, device, dtype, seed, threads, speculate, tiny, proposer, lattice,
+exact_verify) is what `add_model_arguments` adds to a parser and `ModelSettings.from_args` reads
+back, checked (bench, analyze, cycles, ablation; `pipeline.build_pipeline` loads it): the device
+against this torch build and machine, the dtype's name (`devices.settle`), before anything loads.
+`add_device_arguments(parser)` is the one `--device` / `--dtype auto` / `--exact-verify` of every
+command that loads a target (generate, serve, regenerate and yardstick add it themselves). `add_recalibrate_argument(p)` is
 the one `--recalibrate` of every command that decodes (generate, bench, analyze, cycles,
 yardstick, serve); `apply_recalibrate(args)` passes it on to the cost model's calibration store. `parse_list(text, what)` splits a
 comma-separated option, refusing an empty one. `say(message, who)`: one progress line of a command
@@ -99,19 +102,24 @@ class ModelSettings:
     target: str = "smollm2"
     draft: str | None = None      # checkpoint directory; None = the shipped one, else an untrained draft
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"           # auto: bfloat16 where the device computes it natively (`devices`)
     seed: int = 0
     threads: int | None = None    # torch CPU threads; None = torch's choice
     speculate: str = "auto"       # auto | always | never
     tiny: bool = False            # random tiny models (tests)
     proposer: str | None = None   # draft | lookup | hybrid | mtp; None: the pipeline's default
     lattice: bool = False         # the draft's lattice's second path as a tree branch (greedy rows)
+    exact_verify: bool = False    # verify passes reproduce one-token steps (`decoding.verifier.exact`)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ModelSettings":
-        """The options of `add_model_arguments`, checked."""
-        settings = cls(args.target, args.draft, args.device, args.dtype, args.seed, args.threads, args.speculate,
-                       args.tiny, getattr(args, "proposer", None), getattr(args, "lattice", False))
+        """The options of `add_model_arguments`, checked (the device against this torch and machine)."""
+        from dflash2.runtime.devices import settle   # imports torch: not for `--help`
+
+        device, _ = settle(args.device, args.dtype)
+        settings = cls(args.target, args.draft, device, args.dtype, args.seed, args.threads, args.speculate,
+                       args.tiny, getattr(args, "proposer", None), getattr(args, "lattice", False),
+                       getattr(args, "exact_verify", False))
         apply_recalibrate(args)
         warning = check_threads(settings.threads)
         if warning:
@@ -135,8 +143,7 @@ def add_model_arguments(parser, several_proposers: bool = False) -> None:
     parser.add_argument("--target", default="smollm2", help="built-in name (smollm2, gemma3), local HF dir or hub id")
     parser.add_argument("--draft", default=None, help="draft checkpoint directory (default: the shipped one, "
                                                       "else an untrained draft)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", help="float32 (needed for exact lossless checks) or bfloat16")
+    add_device_arguments(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice); "
                         "on a shared machine 1 thread can be far steadier")
@@ -159,6 +166,21 @@ def add_model_arguments(parser, several_proposers: bool = False) -> None:
                              "not pay on a 2-core CPU, BENCHMARKS.md section 1.3)")
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
     add_recalibrate_argument(parser)
+
+
+def add_device_arguments(parser, exact_verify: bool = True) -> None:
+    """`--device` and `--dtype` (and `--exact-verify`) of every command that loads the target."""
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or xpu (checked against this torch "
+                                                        "and machine before anything loads)")
+    parser.add_argument("--dtype", default="auto", help="auto (default): bfloat16 where the device computes it "
+                        "natively (CUDA from Ampere on, CPUs with avx512_bf16 or AMX), float32 elsewhere; or float32, "
+                        "bfloat16, float16")
+    if exact_verify:
+        parser.add_argument("--exact-verify", action="store_true",
+                            help="verify passes compute each position exactly as a one-token step does (attention "
+                                 "query by query), so greedy output equals plain decoding's at any precision where "
+                                 "the device's matrix products are batch-invariant (bfloat16 on avx512_bf16 / AMX "
+                                 "CPUs); refused where they are not")
 
 
 def add_recalibrate_argument(parser) -> None:

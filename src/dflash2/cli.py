@@ -29,7 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from dflash2.argparsing import OneLineParser, add_recalibrate_argument, apply_recalibrate, exit_now, run_command
+from dflash2.argparsing import (OneLineParser, add_device_arguments, add_recalibrate_argument, apply_recalibrate,
+                                exit_now, run_command)
 from dflash2.errors import DFlash2Error, require
 from dflash2.files.atomic import refuse_existing_output
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape
@@ -65,8 +66,7 @@ def _generate_parser(sub) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", help="target dtype (exact-equality claims hold in float32)")
+    add_device_arguments(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice); "
                    "on a shared machine 1 thread can be far steadier")
     p.add_argument("--draft-dtype", default="auto", help="auto (the target's dtype; bf16 on CPUs with native bf16), float32, bfloat16")
@@ -124,6 +124,7 @@ def cmd_generate(args) -> int:
 
     from dflash2.decoding.loop.engine import GenerationConfig
     from dflash2.runtime.machine import check_threads
+    from dflash2.eval.audit import audit, reference_loader
     from dflash2.eval.compare import compare
     from dflash2.pipeline import prepare_decoder
     from dflash2.targets.chat import encode_messages, encode_prompt
@@ -140,7 +141,7 @@ def cmd_generate(args) -> int:
         require(args.prompt.strip() != "", "empty prompt: --prompt has no text")
     messages = read_messages(args.messages) if args.messages is not None else None
     plan = prepare_decoder(args.target, args.draft, args.device, args.dtype, args.no_draft, args.draft_dtype,
-                           args.speculate, args.proposer)
+                           args.speculate, args.proposer, exact_verify=args.exact_verify)
     chat = False if args.no_chat else None
     if messages is not None:
         ids = encode_messages(plan.tokenizer, messages, chat)
@@ -157,7 +158,7 @@ def cmd_generate(args) -> int:
     if block_warning:
         print(block_warning, file=sys.stderr)
     if not args.json:
-        print(f"# target: {args.target} | draft: {pipe.draft_description}", file=sys.stderr)
+        print(f"# target: {args.target} | draft: {pipe.draft_description} | {pipe.header()}", file=sys.stderr)
         if not pipe.trained_draft and plan.proposer in ("draft", "hybrid"):
             print("# note: no trained draft ships for this target yet, so acceptance will be low; output is "
                   "still exactly the target's", file=sys.stderr)
@@ -166,6 +167,11 @@ def cmd_generate(args) -> int:
         report = _report(pipe, comparison.speculative)
         report.update(baseline_tokens_per_second=comparison.baseline_tokens_per_second, speedup=comparison.speedup,
                       identical=comparison.identical, identical_expected=config.temperature == 0)
+        if config.temperature == 0:   # a greedy mismatch: a numerical near-tie or a defect (eval.audit)
+            found = audit([(ids, comparison.baseline.tokens, comparison.speculative.tokens)], reference_loader(pipe),
+                          pipe.precision.name)
+            report.update(near_ties=found.near_ties, defects=found.defects, worst_margin=found.worst_margin,
+                          audit=found.to_dict())
     else:
         report = _report(pipe, _run_streaming(pipe, ids, config, echo=not args.json))
     if args.json:
@@ -234,6 +240,7 @@ def _report(pipe, result) -> dict:
         "speculate": pipe.decoder.speculate, "draft": pipe.draft_description, "proposer": pipe.decoder.proposer,
         "cycles_by_source": stats["cycles_by_source"], "accepted_by_source": stats["accepted_by_source"],
         "tree_cycles": stats["tree_cycles"], "tree_extra_tokens": stats["tree_extra_tokens"],
+        **pipe.precision.record(), "exact_verify": pipe.decoder.target.exact_verify,
     }
 
 
@@ -266,6 +273,21 @@ def _print_report(report: dict) -> None:
             "only T=0 promises identical output)")
         print(f"baseline: {report['baseline_tokens_per_second']:.1f} tok/s | speedup: {report['speedup']:.2f}x | "
               f"identical to baseline: {report['identical']}{note}")
+        if report.get("audit") and report["audit"]["mismatches"]:
+            print(_divergence_line(report["audit"]))
+
+
+def _divergence_line(found: dict) -> str:
+    """Where and why the greedy output left plain decoding's (`eval.audit`), in one line."""
+    first = found["divergences"][0]
+    if first["margin"] is None:
+        return (f"DEFECT: the output ends at token {first['position']} where plain {found['dtype']} decoding's does "
+                "not (a decoder fault, not rounding)")
+    what = ("a numerical near-tie: the two tokens were within what " + found["dtype"] + " rounding moves"
+            if first["kind"] == "near-tie" else "a DEFECT: no rounding explains it (a decoder fault)")
+    return (f"differs from plain {found['dtype']} decoding at token {first['position']} ({first['plain_token']} vs "
+            f"{first['other_token']}): float32 margin {first['margin']:.3g}, near-tie bound "
+            f"{found['near_tie_bound']:g}: {what}")
 
 
 def cmd_init_draft(args) -> int:

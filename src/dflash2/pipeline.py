@@ -53,7 +53,9 @@ from dflash2.decoding.loop.context import check_context
 from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.proposers import kinds
 from dflash2.decoding.policy import SPECULATE_MODES
+from dflash2.decoding.verifier import exact as exact_rules
 from dflash2.decoding.verifier.adapter import TargetAdapter, context_limit
+from dflash2.runtime.devices import Precision, native_bfloat16, settle
 from dflash2.runtime.dtypes import parse_dtype
 from dflash2.errors import DFlash2Error, require
 from dflash2.runtime.machine import require_memory
@@ -62,7 +64,6 @@ from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
 from dflash2.model.families import family_of, kind, load_draft, target_head
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape, target_text_config
-from dflash2.runtime.provenance import cpu_has_native_bf16
 from dflash2.targets.builtin import (BUILTIN_TARGETS, TargetFiles, TargetShape, builtins_shaped, load_target_model,
                                      open_target)
 from dflash2.targets.chat import choose_mask_token, stop_token_ids
@@ -74,7 +75,7 @@ def draft_dtype_for(name: str, device: str, target_dtype: torch.dtype) -> torch.
     cannot change the output (the target decides every token)."""
     if name != "auto":
         return parse_dtype(name)
-    if device == "cpu" and cpu_has_native_bf16():
+    if torch.device(device).type == "cpu" and native_bfloat16(device)[0]:
         return torch.bfloat16
     return target_dtype
 
@@ -116,6 +117,9 @@ def shipped_draft_path(target_name: str) -> Path | None:
     return path if (path / "config.json").is_file() else None
 
 
+FLOAT32 = Precision("float32", "float32", "as asked")
+
+
 @dataclass
 class Pipeline:
     decoder: SpeculativeDecoder
@@ -123,6 +127,14 @@ class Pipeline:
     stop_token_ids: tuple[int, ...]
     draft_description: str
     trained_draft: bool
+    precision: Precision = FLOAT32      # the target's, as decided before it loaded
+    target_files: TargetFiles | None = None   # where the target came from (the audit's float32 reference)
+    device: str = "cpu"
+
+    def header(self) -> str:
+        """The precision and the verification mode in one phrase, for every command's header."""
+        exact = ", exact verify" if self.decoder.target.exact_verify else ""
+        return f"{self.precision.describe()}{exact}"
 
     def decoder_for(self, proposer: str) -> SpeculativeDecoder:
         """A decoder of the same target (and draft) whose tokens come from `proposer`, for measuring
@@ -161,6 +173,8 @@ class DecoderPlan:
     trained: bool
     proposer: str | None = None         # None: plain decoding (--no-draft)
     lattice: bool = False               # the draft's lattice's second path as a tree branch
+    precision: Precision = FLOAT32
+    exact_verify: bool = False          # verify passes reproduce one-token steps (decoding.verifier.exact)
 
     @property
     def tokenizer(self):
@@ -184,25 +198,28 @@ class DecoderPlan:
         model = load_target_model(self.target, self.device, self.dtype)
         tokenizer = self.target.tokenizer
         stops = stop_token_ids(tokenizer, model.config)
+        made = dict(precision=self.precision, target_files=self.target, device=self.device)
         if self.proposer is None:
-            return Pipeline(SpeculativeDecoder(TargetAdapter(model)), tokenizer, stops, "none (autoregressive)", False)
+            return Pipeline(SpeculativeDecoder(TargetAdapter(model, exact_verify=self.exact_verify)), tokenizer,
+                            stops, "none (autoregressive)", False, **made)
         if self.proposer == "lookup":
-            decoder = SpeculativeDecoder(TargetAdapter(model), speculate=self.speculate, proposer="lookup")
-            return Pipeline(decoder, tokenizer, stops, "none (lookup proposals)", False)
+            decoder = SpeculativeDecoder(TargetAdapter(model, exact_verify=self.exact_verify), speculate=self.speculate,
+                                         proposer="lookup")
+            return Pipeline(decoder, tokenizer, stops, "none (lookup proposals)", False, **made)
         draft = self.draft if self.draft is not None else new_draft(model.config, tokenizer)
         draft = draft.to(device=self.device, dtype=self.draft_dtype)
-        adapter = TargetAdapter(model, draft.config.target_layer_ids)
+        adapter = TargetAdapter(model, draft.config.target_layer_ids, exact_verify=self.exact_verify)
         decoder = SpeculativeDecoder(adapter, draft, speculate=self.speculate, proposer=self.proposer,
                                      lattice=self.lattice)
         return Pipeline(decoder, tokenizer, stops,
                         f"{self.description} [{kind(draft)}, {str(self.draft_dtype).removeprefix('torch.')}]",
-                        self.trained)
+                        self.trained, **made)
 
 
 def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: str = "cpu",
-                    dtype: str = "float32", no_draft: bool = False, draft_dtype: str = "auto",
+                    dtype: str = "auto", no_draft: bool = False, draft_dtype: str = "auto",
                     speculate: str = "auto", proposer: str | None = None,
-                    implementation: str = "auto", lattice: bool = False) -> DecoderPlan:
+                    implementation: str = "auto", lattice: bool = False, exact_verify: bool = False) -> DecoderPlan:
     """Check the options, load the draft (refusing bad weights) and the target's config and
     tokenizer, and check that the draft fits the target: every input check that needs no target
     weights, so bad input fails in well under a second instead of after the target loads."""
@@ -217,10 +234,9 @@ def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: s
     if proposer is None:
         proposer = None if no_draft else kinds.DEFAULT_PROPOSER
     no_draft = no_draft or proposer == "lookup"
-    torch_dtype = parse_dtype(dtype)
+    device, precision = settle(device, dtype)
+    torch_dtype = precision.torch_dtype
     draft_torch_dtype = draft_dtype_for(draft_dtype, device, torch_dtype)
-    require(device == "cpu" or device.startswith("cuda") or device == "mps", f"unknown device '{device}'")
-    require(not device.startswith("cuda") or torch.cuda.is_available(), f"device '{device}' requested but CUDA is not available")
     draft_model, description, trained = None, "none (autoregressive)", False
     if draft is not None:  # a user's draft: checked (and loaded) before anything of the target
         draft_model, description, trained = load_draft(draft, draft_torch_dtype), f"{draft}", True
@@ -242,11 +258,13 @@ def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: s
             description, trained = f"shipped {shipped.name}", True
     if draft_model is not None:
         check_draft_fits(draft_model.config, files, draft or description)
+    if exact_verify:
+        exact_rules.check_plan(target_text_config(files.config), device, torch_dtype)
     if proposer == "lookup":
         description = "none (lookup proposals)" if chosen is not None else (
             f"none (lookup proposals: no trained draft ships for '{target}'; --proposer draft uses an untrained one)")
     return DecoderPlan(files, device, torch_dtype, speculate, no_draft, draft_model, draft_torch_dtype, description,
-                       trained, proposer, lattice)
+                       trained, proposer, lattice, precision, exact_verify)
 
 
 class _NoDraft:
@@ -260,16 +278,16 @@ NO_DRAFT = _NoDraft()
 
 
 def load_decoder(target: str = "smollm2", draft: "str | _NoDraft | None" = None, device: str = "cpu",
-                 dtype: str = "float32", no_draft: bool = False, draft_dtype: str = "auto",
+                 dtype: str = "auto", no_draft: bool = False, draft_dtype: str = "auto",
                  speculate: str = "auto", proposer: str | None = None, implementation: str = "auto",
-                 lattice: bool = False) -> Pipeline:
+                 lattice: bool = False, exact_verify: bool = False) -> Pipeline:
     """`draft`: a checkpoint directory; None, the shipped draft for a built-in target (an untrained
     one for other targets); `NO_DRAFT` (or `no_draft=True`), no draft at all. `implementation`:
     the target's classes (`targets.builtin.open_target`)."""
     if draft is NO_DRAFT:
         draft, no_draft = None, True
     return prepare_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate, proposer,
-                           implementation, lattice).load()
+                           implementation, lattice, exact_verify).load()
 
 
 def tiny_pipeline(seed: int = 0, speculate: str = "auto", lattice: bool = False) -> Pipeline:
@@ -280,7 +298,8 @@ def tiny_pipeline(seed: int = 0, speculate: str = "auto", lattice: bool = False)
     draft = tiny_draft(target, seed=seed)
     decoder = SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft, speculate=speculate,
                                  lattice=lattice)
-    return Pipeline(decoder, TinyTokenizer(target.config.vocab_size), (), "tiny random DFlash2 draft [DFlash2]", False)
+    return Pipeline(decoder, TinyTokenizer(target.config.vocab_size), (), "tiny random DFlash2 draft [DFlash2]", False,
+                    Precision("float32", "float32", "tiny random models are float32"))
 
 
 def build_pipeline(model: ModelSettings) -> Pipeline:
@@ -290,4 +309,4 @@ def build_pipeline(model: ModelSettings) -> Pipeline:
         torch.manual_seed(model.seed)
         return tiny_pipeline(model.seed, model.speculate, model.lattice)
     return load_decoder(model.target, model.draft, model.device, model.dtype, speculate=model.speculate,
-                        proposer=model.proposer, lattice=model.lattice)
+                        proposer=model.proposer, lattice=model.lattice, exact_verify=model.exact_verify)

@@ -294,6 +294,7 @@ def run_analysis(pipe: Pipeline, args: AnalyzeSettings) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     draft = pipe.decoder.draft
     require(draft is not None, "analyze needs a draft")
+    print(f"# analyze: {args.model.target_label} | draft {pipe.draft_description} | {pipe.header()}", file=sys.stderr)
     conversations = load_conversations(list(args.datasets), args.num_prompts, list(args.dataset_files))
     prompts = [p for convs in conversations.values() for p in first_turns(convs, pipe.tokenizer)]
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop_token_ids=tuple(pipe.stop_token_ids),
@@ -326,7 +327,7 @@ def run_analysis(pipe: Pipeline, args: AnalyzeSettings) -> dict:
                      "top_k": args.top_k, "block_size": draft.config.block_size, "has_convs": draft.config.use_conv,
                      "selector_top_k": draft.selector.top_k if draft.selector is not None else None,
                      "full_blocks": on.full_blocks, "continuation_tokens": sum(len(s) - p for p, s in sequences),
-                     "device": args.model.device, "dtype": args.model.dtype, "seed": args.model.seed},
+                     "device": args.model.device, **pipe.precision.record(), "seed": args.model.seed},
         "recall": recall,
         "acceptance": {v: tallies[v].acceptance() for v in variants},
         "lattice_tree": on.lattice_tree(),

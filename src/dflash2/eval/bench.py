@@ -21,7 +21,14 @@ Per dataset and overall, at every concurrency, it reports:
 - tokens/s (new tokens / wall time incl. prefill), time per output token (wall minus prefill per
   token), speedup = autoregressive TPOT / speculative TPOT, phase times;
 - at T=0, `mismatches`: sequences whose speculative output differs from the autoregressive one
-  (0 expected in float32); None when sampling.
+  (0 expected in float32, and at any precision with `--exact-verify`); None when sampling; and
+  the lossless audit of each (`eval.float32_reference`, `eval.audit`): `near_ties` (the float32
+  target's margin between the two tokens at the first divergence within the precision's
+  near-tie bound), `defects` (above it: a decoder fault) and `worst_margin`.
+The target runs at `--dtype` (default `auto`: bfloat16 where the device computes it natively,
+`devices.resolve_precision`), recorded in the settings with why; the autoregressive baseline and
+the Hugging Face peers run at that same precision. Below float32 the plain decoder of the float32
+target is a reference row beside the peers (batch 1, `--no-reference` skips it).
 Runs are typed (`eval.bench_runs`): a `Side` is one decoder's runs at one batch size, a `PairRuns`
 one proposer's and the baseline's sides turn by turn, a `DatasetRun` a dataset's pairs at every
 concurrency for every proposer.
@@ -50,8 +57,9 @@ from dflash2.data.prompts import BENCHMARKS, PROJECT_SETS, load_conversations
 from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.proposers.kinds import PROPOSERS
 from dflash2.errors import DFlash2Error, require
-from dflash2.eval import engine_peers
+from dflash2.eval import engine_peers, float32_reference
 from dflash2.eval import peers as peer_runs
+from dflash2.eval.audit import reference_loader
 from dflash2.eval import plots
 from dflash2.eval.bench_report import render_markdown
 from dflash2.eval.bench_runs import DEFINITIONS, DatasetRun, PairRuns, Side, entry
@@ -85,6 +93,7 @@ class BenchSettings:
     peers: frozenset[str] = frozenset()
     peers_python: str | None = None
     proposers: tuple[str, ...] = ()  # measured side by side, in this order; empty: the pipeline's own
+    reference: bool = True           # a reduced-precision run also decodes the float32 target plainly (a row)
 
     def generation(self, stop_token_ids=()) -> GenerationConfig:
         return GenerationConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
@@ -129,6 +138,8 @@ def parse_args(argv) -> BenchSettings:
                    help="also run peers: all (default) or a comma list of hf, pld, dflash, vllm, vllm-dflash, "
                         "mlx-dflash")
     p.add_argument("--peers-python", default=None, help="python of the peers venv (default .venv-peers/bin/python)")
+    p.add_argument("--no-reference", action="store_true", help="below float32, skip the float32 plain decoder's "
+                   "reference row (the lossless audit still loads the float32 target if a sequence differs)")
     args = p.parse_args(argv)
     proposers = parse_proposers(args.proposer)
     args.proposer = loading_proposer(proposers)
@@ -143,7 +154,7 @@ def parse_args(argv) -> BenchSettings:
     return BenchSettings(ModelSettings.from_args(args), tuple(datasets), tuple(args.dataset_file or ()),
                          args.num_prompts, args.max_new_tokens, args.temperature, args.top_p, args.top_k,
                          not args.no_baseline, args.resume, tuple(int(c) for c in items), args.repeats, args.output,
-                         frozenset(peers), args.peers_python, proposers).validate()
+                         frozenset(peers), args.peers_python, proposers, not args.no_reference).validate()
 
 
 def parse_proposers(text: str | None) -> tuple[str, ...]:
@@ -239,7 +250,7 @@ def hf_model(pipe: Pipeline, model: ModelSettings):
     own = pipe.decoder.target.model
     if hasattr(own, "generate"):
         return own
-    return load_target_model(open_target(model.target, "transformers"), model.device, parse_dtype(model.dtype))
+    return load_target_model(open_target(model.target, "transformers"), pipe.device, pipe.precision.torch_dtype)
 
 
 def run_peers(pipe: Pipeline, settings: BenchSettings, config, prompts, ar_outputs, out: Path, block: int, store: PartStore) -> dict:
@@ -254,6 +265,9 @@ def run_peers(pipe: Pipeline, settings: BenchSettings, config, prompts, ar_outpu
             with stock_attention(hf_model(pipe, settings.model)) as hf:  # Hugging Face's own kernels
                 group = peer_runs.hf_peers(hf, prompts, greedy_refs, config, pipe.stop_token_ids,
                                            0 if pad is None else pad, block, set(wanted))
+                ran_at = str(next(hf.parameters()).dtype).removeprefix("torch.")
+            for report in group.values():   # the precision they ran at: the benchmarked one
+                report["dtype"] = ran_at
             store.save("peers-hf", group)
         reports.update(group)
     if "dflash" in wanted:
@@ -262,8 +276,7 @@ def run_peers(pipe: Pipeline, settings: BenchSettings, config, prompts, ar_outpu
             print("# peers: running PyPI dflash 0.1.0 in its own venv (batch 1)", file=sys.stderr)
             target_dir, draft_dir = peer_model_dirs(pipe, settings.model, out)
             report = peer_runs.dflash_reference(settings.peers_python, target_dir, draft_dir, prompts, greedy_refs,
-                                                config, pipe.stop_token_ids, settings.model.device,
-                                                settings.model.dtype)
+                                                config, pipe.stop_token_ids, pipe.device, pipe.precision.name)
             if report.get("status") == "ok":  # an unavailable peer is retried on --resume
                 store.save("peers-dflash", report)
         reports["dflash_reference"] = report
@@ -354,13 +367,13 @@ def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
                 "speculate": pipe.decoder.speculate, "proposer": lead, "proposers": list(decoders),
                 "datasets": list(conversations), "num_prompts": bench.num_prompts,
                 "max_new_tokens": bench.max_new_tokens, "temperature": bench.temperature, "top_p": bench.top_p,
-                "top_k": bench.top_k, "concurrency": list(concurrency), "repeats": bench.repeats, "device": model.device, "dtype": model.dtype,
-                "seed": model.seed, "peers": sorted(bench.peers), "baseline": ar is not None,
+                "top_k": bench.top_k, "concurrency": list(concurrency), "repeats": bench.repeats, "device": model.device,
+                **pipe.precision.record(), "exact_verify": pipe.decoder.target.exact_verify, "seed": model.seed, "peers": sorted(bench.peers), "baseline": ar is not None,
                 "dataset_file": list(bench.dataset_files) or None, "machine": machine_identity()}
     weights = weights_digest(pipe.decoder.target.model, pipe.decoder.draft)
     store = PartStore(out, run_fingerprint(settings, weights), bench.resume)
     print(f"# bench: draft {pipe.draft_description}; proposers {', '.join(decoders)}; block {block}; "
-          f"concurrency {concurrency}", file=sys.stderr)
+          f"concurrency {concurrency}; {pipe.header()}", file=sys.stderr)
     warm = first_prompt(pipe, conversations)
     for decoder in [ar, *decoders.values()]:  # untimed warm-up: first-call overheads hit no side's figures
         if decoder is not None:
@@ -377,12 +390,27 @@ def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
             print(f"# {name}{'' if len(decoders) == 1 else f' ({p})'}: tau {fmt(d['acceptance_length'])}, "
                   f"speedup {fmt(d['speedup'])}x, mismatches {d['mismatches']}", file=sys.stderr)
     by_proposer = {}
+    reference = reference_loader(pipe)
+    audits = (float32_reference.audit_runs(runs, decoders, concurrency, bench.repeats, reference, pipe.precision.name)
+              if greedy and ar is not None else None)
     for p in decoders:
         datasets, overall = report_runs(runs, conversations, p, concurrency, decoders[p].block_size(config), greedy)
         by_proposer[p] = {"datasets": datasets, "overall": overall}
+        if audits is not None:
+            float32_reference.annotate(by_proposer[p], audits[p])
+            print(f"# audit ({p}, batch {concurrency[0]}): {audits[p][float32_reference.OVERALL][concurrency[0]].line()}",
+                  file=sys.stderr)
     peer_prompts = {name: run.prompts for name, run in runs.items()}
     peer_refs = {name: run.outputs for name, run in runs.items()}
     peers = run_peers(pipe, bench, config, peer_prompts, peer_refs, out, block, store) if bench.peers else {}
+    if bench.reference and ar is not None and pipe.precision.name != "float32":
+        row = store.load("reference-float32")
+        if row is None:
+            print("# bench: the float32 reference row (plain decoding of the float32 target, batch 1)", file=sys.stderr)
+            row = float32_reference.plain_row(float32_reference.reference_model(reference), peer_prompts,
+                                              peer_refs if greedy else None, config, pipe.stop_token_ids)
+            store.save("reference-float32", row)
+        peers = {"dflash2_plain_float32": row, **peers}
     if "dflash_reference" in peers:   # the reference package drafts alone: the draft proposer's cycles, if measured
         mine = "draft" if "draft" in decoders else lead
         compare_cycles(peers["dflash_reference"], {name: run.cycles[mine] for name, run in runs.items()},

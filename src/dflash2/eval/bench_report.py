@@ -2,8 +2,9 @@
 
 Contract: `render_markdown(results)` -> the settings, the per-dataset table at the first
 concurrency (tau, autoregressive and speculative tok/s, speedup pooled and as the median of batch
-pairs, TPOT, mismatches, and beside the speedups how much the answers repeat themselves: the mean
-share of repeated 4-grams, the looping answers and the speedup on the batches with none), per-position acceptance and the tau histogram, the concurrency sweep when
+pairs, TPOT, mismatches and their audit: near-ties / defects, worst margin, and beside the speedups how
+much the answers repeat themselves: the mean share of repeated 4-grams, the looping answers and the
+speedup on the batches with none), per-position acceptance and the tau histogram, the concurrency sweep when
 there is one (with the drafts verified per cycle, the plain steps of fallback and what speculating
 cost on the speculative decoder's own clock), the proposers side by side when several were
 measured (`render_proposers`: per dataset and batch size, tau, speedup, tokens accepted from each
@@ -23,19 +24,24 @@ def render_markdown(results: dict) -> str:
              f"- draft: {s['draft']}{'' if s['trained_draft'] or s.get('proposer') == 'lookup' else ' (untrained: expect tau near 1)'}",
              f"- {len(s['datasets'])} datasets, {s['num_prompts']} prompts each, max {s['max_new_tokens']} new tokens, "
              f"T={s['temperature']}, top-p {s['top_p']}, top-k {s['top_k']}, block {s['block_size']}, "
-             f"{s['device']} {s['dtype']}, seed {s['seed']}",
+             f"{s['device']} {s['dtype']}{_why(s)}, seed {s['seed']}",
              f"- machine: {results['machine']}; commit {results['commit']}" + _steal(results),
              "- acceptance length (tau) = committed tokens / verification passes (bonus counted); the overall row pools "
              "every cycle of every dataset (total tokens / total cycles), it is not a mean of means; speedup = "
              "autoregressive / speculative time per output token of this same engine, same prompts and batch size\n",
              f"## dflash2 at concurrency {c0}{_proposer(s)}\n"]
     rows = [[name, d["acceptance_length"], d["baseline_tokens_per_second"], d["tokens_per_second"], d["speedup"],
-             d["speedup_median"], *_repetition(d), d["time_per_output_token_ms"], d["mismatches"], d["sequences"]]
+             d["speedup_median"], *_repetition(d), d["time_per_output_token_ms"], d["mismatches"], _audit(d),
+             d["sequences"]]
             for name, d in list(results["datasets"].items()) + [("**overall**", results["overall"])]]
     lines.append(markdown_table(["dataset", "tau", "AR tok/s", "spec tok/s", "speedup", "median pair speedup",
                                  "repeated 4-grams", "looping answers", "speedup, no loops", "TPOT ms",
-                                 "mismatches", "sequences"], rows))
+                                 "mismatches", "near-ties / defects (worst margin)", "sequences"], rows))
     lines.append(_loop_definition(results["overall"]))
+    if "near_tie_bound" in results["overall"]:
+        lines.append(f"Mismatches are against plain decoding at {s['dtype']}; each is classified at its first divergence "
+                     "by the float32 target's logit margin between the two tokens: a numerical near-tie within "
+                     f"{results['overall']['near_tie_bound']:g}, else a defect (a decoder fault).\n")
     lines.append(f"Mean of the per-dataset tau (as in the published tables): {results['overall']['mean_over_datasets']:.2f}\n")
     block = s["block_size"]
     lines.append("## Per-position acceptance (drafts 1..k all accepted) and tau histogram\n")
@@ -135,6 +141,21 @@ def _proposer(settings: dict) -> str:
 def _steal(results: dict) -> str:
     share = results.get("machine_details", {}).get("steal_share")
     return "" if share is None else f"; {100 * share:.0f} % of the CPU's time stolen by the host during the run"
+
+
+def _why(settings: dict) -> str:
+    reason = settings.get("dtype_reason")
+    exact = ", exact verify" if settings.get("exact_verify") else ""
+    return f" ({reason}{exact})" if reason else exact
+
+
+def _audit(entry: dict) -> str | None:
+    """near-ties / defects (worst float32 margin) of a greedy entry's mismatches."""
+    if entry.get("near_ties") is None:
+        return None
+    worst = entry["worst_margin"]
+    shown = "" if worst is None else f" ({worst:.3g})"
+    return f"{entry['near_ties']} / {entry['defects']}{shown}"
 
 
 def _percent(share: float | None) -> str | None:

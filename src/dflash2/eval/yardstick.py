@@ -20,7 +20,9 @@ Contract:
   yardstick), prints one line per draft and appends a row to
   `--table` (markdown) and its `.jsonl` twin: arm name, training budget read from the run's
   `summary.json` when the draft is a run's `final/` (steps, tokens, CPU seconds), tau at T=0 and
-  T=1, per-source tau, draft ms per cycle, commit and machine. Bad input: one line, exit 2.
+  T=1, per-source tau, draft ms per cycle, the target's precision (`--dtype`, default `auto`:
+  `devices.resolve_precision`; rows written before it was recorded ran float32), commit and
+  machine. Bad input (`--device` this torch or machine lacks included): one line, exit 2.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ from pathlib import Path
 
 from dflash2.data.holdout import is_held_out
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
-from dflash2.argparsing import OneLineParser, add_recalibrate_argument, apply_recalibrate
+from dflash2.argparsing import OneLineParser, add_device_arguments, add_recalibrate_argument, apply_recalibrate
+from dflash2.runtime.devices import settle
 from dflash2.data.shards import load_manifest, read_records
 from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.decoding.proposers.draft import DRAFT_PHASES
@@ -154,15 +157,17 @@ def append_row(table: Path, row: dict) -> None:
     lines = ["# Recipe yardstick: real acceptance length of each arm", "",
              "Written by `dflash2 yardstick` (src/dflash2/eval/yardstick.py): real speculative decoding, whole "
              "block verified every cycle; held-out regenerated answers plus benchmark prompts from record 100 on.",
-             "", "| arm | steps | tokens | CPU h | tau T=0 | tau T=1 | T=0 by source | draft ms/cycle | commit | machine |",
-             "|---|---:|---:|---:|---:|---:|---|---:|---|---|"]
+             "", "| arm | steps | tokens | CPU h | tau T=0 | tau T=1 | T=0 by source | draft ms/cycle | target dtype | "
+             "commit | machine |",
+             "|---|---:|---:|---:|---:|---:|---|---:|---|---|---|"]
     for r in rows:
         budget = r.get("budget", {})
         cpu = budget.get("cpu_seconds")
         sources = ", ".join(f"{k} {v:.2f}" for k, v in r["tau_by_source"]["t0"].items())
         lines.append(f"| {r['arm']} | {budget.get('steps', '')} | {budget.get('tokens', '')} | "
                      f"{'' if cpu is None else f'{cpu / 3600:.2f}'} | {r['tau']['t0']:.3f} | {r['tau']['t1']:.3f} | "
-                     f"{sources} | {r['draft_ms_per_cycle']:.1f} | {r['commit']} | {r['machine']} |")
+                     f"{sources} | {r['draft_ms_per_cycle']:.1f} | {r.get('dtype', 'float32')} | {r['commit']} | "
+                     f"{r['machine']} |")
     with atomic_write(table, "w") as handle:
         handle.write("\n".join(lines) + "\n")
 
@@ -182,10 +187,11 @@ def parse_args(argv):
     p.add_argument("--per-benchmark", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--device", default="cpu")
+    add_device_arguments(p, exact_verify=False)
     add_recalibrate_argument(p)
     args = p.parse_args(argv)
     apply_recalibrate(args)
+    args.device, _ = settle(args.device, args.dtype)
     for name in ("heldout", "per_benchmark", "max_new_tokens", "batch_size"):
         require(getattr(args, name) > 0, f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     require(args.arm is None or len(args.arm) == len(args.draft), "give one --arm per --draft (or none)")
@@ -215,11 +221,13 @@ def main(argv: list[str] | None = None) -> int:
         settings = YardstickSettings(tuple(args.data), args.heldout, args.per_benchmark, args.max_new_tokens,
                                      args.batch_size)
         for i, draft in enumerate(args.draft):
-            pipe = load_decoder(args.target, draft, args.device, speculate="always",
+            pipe = load_decoder(args.target, draft, args.device, args.dtype, speculate="always",
                                 proposer=model_proposer(args.families[i]), lattice=False)
+            print(f"# yardstick: {draft} | {pipe.header()}", file=sys.stderr)
             result = measure(pipe, settings, frozen_prompts(Path(args.prompts), pipe.tokenizer, settings))
             arm = args.arm[i] if args.arm else draft
             row = {"arm": arm, "draft": draft, "budget": training_budget(Path(draft)), **asdict(result),
+                   **pipe.precision.record(),
                    "settings": asdict(settings), "commit": git_commit(), "machine": cpu_model(),
                    "machine_identity": machine_identity()}
             append_row(Path(args.table), row)

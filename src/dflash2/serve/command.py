@@ -28,7 +28,9 @@ import sys
 
 import torch
 
-from dflash2.argparsing import OneLineParser, add_recalibrate_argument, apply_recalibrate, run_command
+from dflash2.argparsing import (OneLineParser, add_device_arguments, add_recalibrate_argument, apply_recalibrate,
+                                run_command)
+from dflash2.runtime.devices import check_device
 from dflash2.errors import DFlash2Error, require
 from dflash2.serve.settings import API_KEY_ENV, RequestDefaults, ServeSettings
 from dflash2.serve.spec_decode import LEVELS
@@ -42,8 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=d.target, help="built-in name (smollm2, gemma3), local HF dir or hub id")
     p.add_argument("--draft", help="draft checkpoint directory (default: the shipped draft for the target)")
     p.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding (same server)")
-    p.add_argument("--device", default=d.device)
-    p.add_argument("--dtype", default=d.dtype, help="target dtype (exact-equality claims hold in float32)")
+    add_device_arguments(p)
     p.add_argument("--draft-dtype", default=d.draft_dtype)
     p.add_argument("--speculate", default=d.speculate, choices=("auto", "always", "never"),
                    help="auto: verify only the drafts that pay and fall back to plain decoding; always; never")
@@ -84,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_settings(argv: list[str]) -> ServeSettings:
     a = build_parser().parse_args(argv)
     settings = ServeSettings(
-        target=a.target, draft=a.draft, no_draft=a.no_draft, device=a.device, dtype=a.dtype,
+        target=a.target, draft=a.draft, no_draft=a.no_draft, device=check_device(a.device), dtype=a.dtype,
+        exact_verify=a.exact_verify,
         draft_dtype=a.draft_dtype, speculate=a.speculate, proposer=a.proposer, tiny=a.tiny, host=a.host, port=a.port,
         model_name=a.model_name, max_batch=a.max_batch, max_queue=a.max_queue, retry_after_s=a.retry_after,
         api_key=a.api_key, drain_timeout_s=a.drain_timeout,
@@ -136,7 +138,8 @@ def load_pipeline(settings: ServeSettings):
         from dflash2.decoding.proposers.lookup import SuffixStore
 
         pipeline = load_decoder(settings.target, settings.draft, settings.device, settings.dtype, settings.no_draft,
-                                settings.draft_dtype, settings.speculate, settings.proposer)
+                                settings.draft_dtype, settings.speculate, settings.proposer,
+                                exact_verify=settings.exact_verify)
         pipeline.decoder.suffix_store = SuffixStore()   # lookup proposals from recent requests too (bounded)
     settle_heap()
     return pipeline
@@ -166,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     pipeline = load_pipeline(settings)
     print(f"dflash2 serve: {url_of(sock)} | model {settings.served_model} | draft {pipeline.draft_description} | "
-          f"speculate {pipeline.decoder.speculate} | max batch {settings.max_batch}, max queue {settings.max_queue}"
+          f"speculate {pipeline.decoder.speculate} | {pipeline.header()} | max batch {settings.max_batch}, max queue {settings.max_queue}"
           f"{' | API key required' if settings.api_key else ''}", file=sys.stderr, flush=True)
     # uvicorn drains on SIGTERM, then re-raises it to the handler found here: make that a no-op,
     # so a drained server exits with status 0.

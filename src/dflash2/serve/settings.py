@@ -4,7 +4,7 @@ Contract:
 - `RequestDefaults`: the generation settings a request gets for every field it leaves out
   (`max_tokens`, `temperature`, `top_p`, `top_k`, `seed`; `seed=None` draws a fresh seed per
   request, so unseeded sampled requests differ while seeded ones repeat exactly).
-- `ServeSettings`: the model (target, draft, device, dtype, speculation policy), the listener
+- `ServeSettings`: the model (target, draft, device, dtype (`auto`: `devices`), exact verify, speculation policy), the listener
   (host, port; port 0 picks a free one), the batch and queue bounds, the API key, the drain
   timeout, the request-size limit, the defaults and what a response says of its speculative
   decoding (`per_request_spec_decode_metrics`, vLLM's option: none, summary or detailed). Frozen: the server reads it, never changes it.
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.decoding.policy import SPECULATE_MODES
+from dflash2.runtime.devices import resolve_precision
 from dflash2.errors import DFlash2Error, SettingError, require
 from dflash2.runtime.machine import check_threads
 from dflash2.serve.spec_decode import LEVELS
@@ -55,8 +56,9 @@ class ServeSettings:
     draft: str | None = None
     no_draft: bool = False
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"                      # devices.resolve_precision: bfloat16 where native, else float32
     draft_dtype: str = "auto"
+    exact_verify: bool = False               # decoding.verifier.exact
     speculate: str = "auto"
     proposer: str | None = None              # draft | lookup | hybrid | mtp (None: the pipeline's default)
     tiny: bool = False                       # tiny random models (tests); see pipeline.tiny_pipeline
@@ -82,6 +84,7 @@ class ServeSettings:
         return "tiny-random-llama" if self.tiny else self.target
 
     def validate(self) -> None:
+        resolve_precision(self.dtype, self.device)   # an unknown --dtype: one line, before the socket or a model
         require(self.speculate in SPECULATE_MODES,
                 f"--speculate must be one of {', '.join(SPECULATE_MODES)}, got '{self.speculate}'")
         require(not (self.no_draft and self.draft), "give at most one of --draft and --no-draft")

@@ -47,6 +47,7 @@ from transformers.configuration_utils import PreTrainedConfig
 from dflash2.errors import require
 from dflash2.model.draft import RMSNorm as DraftRMSNorm
 from dflash2.model.swiglu import SwiGLU
+from dflash2.targets import exact_attention
 from dflash2.targets.grouped_attention import fold_queries, folded_attention
 from dflash2.targets.projections import Fusing, Projection
 
@@ -172,7 +173,7 @@ class Attention(Fusing):
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)           # [b, kv_heads, slots, d]
         groups = self.heads // self.kv_heads
-        if fold:   # the cache read where it lies, not copied per query head (~10x the attention at batch 20)
+        if fold or exact_attention.active():   # the cache read where it lies, not copied per query head (~10x the attention at batch 20)
             out = folded_attention(q, k, v, mask, self.scaling)
         else:                      # a per-head mask; or no cache and no padding (`is_causal`: queries in their order)
             if groups > 1:                                       # [b, kv_heads, S, d] -> [b, heads, S, d]

@@ -33,6 +33,10 @@ Contract:
   recorded per run in the manifest's `runs`. Records are written in the queue's order (shortest
   prompt first), whatever the batch size or concurrency, so at T=0 the shards of the same prompts
   are the same bytes locally and through an endpoint that serves the same target.
+- `device` / `dtype` (`--device`, `--dtype`, default `auto`: `runtime.devices.resolve_precision`,
+  or, continuing a directory, the precision its records were made in) are checked before anything
+  loads and recorded: the target's dtype in the manifest's `target` (a field that must match on
+  every run), the device, the precision's reason and `--exact-verify` in each run's entry.
 - `main(argv)` is the command line (`dflash2 regenerate` calls it): returns 0, 2 on a user error
   (one line on stderr) or 130 when interrupted.
 """
@@ -53,7 +57,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dflash2.argparsing import OneLineParser, say as command_say
+from dflash2.argparsing import OneLineParser, add_device_arguments, say as command_say
 from dflash2.targets.chat import stop_token_ids
 from dflash2.decoding.loop.context import check_context
 from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
@@ -219,7 +223,7 @@ def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_
                     max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                     stop_ids=(), batch_size: int = 16, seed: int = 0, draft=None, shard_size: int = 256,
                     run: dict | None = None, progress: bool = True, draft_label: str | None = None,
-                    deadline: float | None = None) -> dict:
+                    deadline: float | None = None, exact_verify: bool = False) -> dict:
     """Generate the responses of the prompts not yet stored in `out_dir` and store them (no new
     prompt starts after `deadline`, epoch seconds: what is left waits for the next run)."""
     check_settings(batch_size, max_new_tokens, temperature, top_p, top_k)
@@ -230,7 +234,7 @@ def generate_shards(model, prompts: list[Prompt], out_dir: str | Path, manifest_
     if isinstance(draft, (str, Path)):   # a DFlash draft or an MTP head (`model.families`)
         draft = load_draft(str(draft)).to(next(model.parameters()).device).eval()
     run = {**(run or {}), "batch_size": batch_size, "shard_size": shard_size, "draft": draft_label}
-    adapter = TargetAdapter(model, None if draft is None else draft.config.target_layer_ids)
+    adapter = TargetAdapter(model, None if draft is None else draft.config.target_layer_ids, exact_verify=exact_verify)
     try:
         decoder = SpeculativeDecoder(adapter, draft)
         return _store(prompts, out_dir, manifest_fields, shard_size, run, lambda writer, pending: _decode_into(
@@ -293,11 +297,13 @@ def regenerate(target: str, out_dir: str | Path, num_prompts: int | None = None,
                prompts_source: str | None = None, max_prompt_tokens: int = 512, top_p: float = 1.0,
                top_k: int = 0, progress: bool = True, prompts_file: str | Path | None = None,
                off_policy: bool = False, endpoint: str | None = None, endpoint_model: str | None = None,
-               api_key: str | None = None, concurrency: int = 8, request_timeout_s: float = 600.0) -> dict:
+               api_key: str | None = None, concurrency: int = 8, request_timeout_s: float = 600.0,
+               device: str = "cpu", dtype: str = "auto", exact_verify: bool = False) -> dict:
     """Regenerate the responses of `num_prompts` training prompts (or a user's `prompts_file`) with
     `target` (or through `endpoint`) into `out_dir`; with `off_policy`, store the file's own answers.
     Every setting, the file, the output directory and the draft are checked before the target loads."""
     from dflash2.data.chat_files import load_chat_file
+    from dflash2.runtime.devices import settle
     from dflash2.data.shards import check_output_dir
     from dflash2.pipeline import check_draft_fits
     from dflash2.targets.builtin import load_target_model, open_target
@@ -314,6 +320,7 @@ def regenerate(target: str, out_dir: str | Path, num_prompts: int | None = None,
     require(not (endpoint and draft), "--draft speeds up local decoding; an --endpoint decodes with its own settings")
     check_settings(batch_size, max_new_tokens, temperature, top_p, top_k)
     check_output_dir(out_dir)
+    device, precision = settle(device, stored_dtype(out_dir) if dtype == "auto" else dtype)
     chats = load_chat_file(prompts_file) if prompts_file is not None else None
     remote_end = Endpoint(endpoint, api_key, request_timeout_s) if endpoint else None
     draft_label = None if draft is None else str(draft)
@@ -334,24 +341,43 @@ def regenerate(target: str, out_dir: str | Path, num_prompts: int | None = None,
         prompts = encode_training_prompts(tokenizer, num_prompts, seed, prompts_source, max_prompt_tokens)
         prompt_fields = prompt_sets.training_fields(prompts_source, seed, max_prompt_tokens)
     check_fits_context(prompts, files, draft, max_new_tokens)
+    if exact_verify:
+        from dflash2.decoding.verifier.exact import check_plan
+
+        check_plan(target_text_config(files.config), device, precision.torch_dtype)
     remote_model = _served_model(remote_end, endpoint_model) if remote_end else None   # reachable, before weights load
-    model = load_target_model(files)
+    model = load_target_model(files, device, precision.torch_dtype)
+    if draft is not None:
+        draft = draft.to(device)
     stop_ids = stop_token_ids(tokenizer, model.config)
     sampling = sampling_fields(max_new_tokens, temperature, top_p, top_k, stop_ids, getattr(tokenizer, "chat_template", None))
     if chats is not None and sampling["chat_template_sha256"]:
         sampling["chat_template"] = "target's own, the record's messages up to its last user message, generation prompt added"
     fields = {"target": target_fields(target, model), "tokenizer": tokenizer_fields(tokenizer),
               "prompts": prompt_fields, "sampling": sampling}
-    run = {"num_prompts": num_prompts, "target_path": files.resolved, "torch_threads": torch.get_num_threads()}
+    run = {"num_prompts": num_prompts, "target_path": files.resolved, "torch_threads": torch.get_num_threads(),
+           "device": device, **precision.record(), "exact_verify": exact_verify}
     if remote_end is not None:
         from dflash2.training.endpoint import RemoteTarget
 
         remote = RemoteTarget(remote_end, remote_model, tokenizer, stop_ids,
                               {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k})
         return _through_endpoint(model, remote, prompts, out_dir, fields, shard_size, run, concurrency, seed, progress)
+    say(f"target {target} on {device}, {precision.describe()}{', exact verify' if exact_verify else ''}")
     return generate_shards(model, prompts, out_dir, fields, max_new_tokens=max_new_tokens, temperature=temperature,
                            top_p=top_p, top_k=top_k, stop_ids=stop_ids, batch_size=batch_size, seed=seed,
-                           draft=draft, shard_size=shard_size, run=run, progress=progress, draft_label=draft_label)
+                           draft=draft, shard_size=shard_size, run=run, progress=progress, draft_label=draft_label,
+                           exact_verify=exact_verify)
+
+
+def stored_dtype(out_dir: str | Path) -> str:
+    """`--dtype auto` of a run that continues a directory: the precision its records were made in (one
+    data set, one precision: the manifest refuses a mix); a new directory: `auto`."""
+    try:
+        manifest = json.loads((Path(out_dir) / "manifest.json").read_text(encoding="utf-8"))
+        return str(manifest["target"]["dtype"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "auto"
 
 
 def _served_model(endpoint, wanted: str | None) -> str:
@@ -433,6 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     remote.add_argument("--concurrency", type=int, default=None, help="requests in flight (default 8)")
     remote.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_device_arguments(parser)
     return parser
 
 
@@ -454,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
                    top_p=args.top_p, top_k=args.top_k, progress=not args.no_progress, prompts_file=args.prompts,
                    off_policy=args.off_policy, endpoint=args.endpoint, endpoint_model=args.endpoint_model,
                    api_key=args.api_key, concurrency=8 if args.concurrency is None else args.concurrency,
-                   request_timeout_s=args.request_timeout)
+                   request_timeout_s=args.request_timeout, device=args.device, dtype=args.dtype,
+                   exact_verify=args.exact_verify)
     except DFlash2Error as error:
         print(f"dflash2 regenerate: error: {error}", file=sys.stderr)
         return 2

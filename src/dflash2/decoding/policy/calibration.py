@@ -4,7 +4,8 @@ Contract: `calibrate_cached(costs, target, block)` -> `StoredCalibration` fills 
 start-up figures for this (machine, target, dtype, device, block): read from
 `cache_dir()/calibration/<key>.json` when stored less than `MAX_AGE_S` ago, else measured by
 `costs.calibrate` and stored (atomically); any change of the key (CPU, cores, threads, torch, device,
-the target's config and first weights, dtype, block) or `DFLASH2_RECALIBRATE=1` measures again.
+the target's config and first weights, dtype and how a pass computes in it: the float32 LM head
+of a reduced-precision target, `--exact-verify`'s attention; block) or `DFLASH2_RECALIBRATE=1` measures again.
 `refresh(costs)`: when `costs.stale()`, the observed figures replace the stored ones (the
 measurement's age kept). An unreadable or unwritable cache, or a stored table without the plain
 step or a wider pass, is ignored.
@@ -38,6 +39,9 @@ def calibration_key(target, block: int) -> str:
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "config": model.config.to_json_string(use_diff=False), "weights": first.numpy().tobytes().hex(),
         "dtype": str(target.dtype), "block": block,
+        # how a pass computes at that precision: the float32 head (decoding.verifier.full_logits), query-by-query attention
+        "numerics": {"full_logits": bool(getattr(getattr(target, "full_logits", None), "active", False)),
+                     "exact_verify": bool(getattr(target, "exact_verify", False))},
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 

@@ -13,7 +13,8 @@ Contract:
   into the running batch (both parts left-padded to one width, so every row still ends at the
   right edge; the new rows come last). `step(ids)` runs `q` new tokens per row (q = 1 for
   autoregressive decoding, up to B for block verification). They return fp32 logits (the last
-  prompt position's [n, 1, V] for prefills, [b, q, V] for steps) and the tapped features
+  prompt position's [n, 1, V] for prefills, [b, q, V] for steps; a reduced-precision target's
+  LM head runs at float32 where it decides: `verifier.full_logits.FullLogits`) and the tapped features
   [.., n_taps * H] (outputs of decoder layers `target_layer_ids`, before the final norm, i.e. HF
   `hidden_states[l + 1]`).
 - `keep(counts)` keeps the first `counts[r]` of the last step's q tokens of row r and drops the
@@ -37,6 +38,11 @@ Contract:
   batch is one session's at a time (decoders over one adapter share it); another session's claim
   is refused while the holder still has rows, and `reset()` frees it.
 - `features(input_ids, attention_mask)` is the cache-free pass used by training.
+- `exact_verify=True` (`--exact-verify`, `decoding.verifier.exact`): every step and tree pass
+  computes attention query by query as a one-token step does, and its products in chunks of at
+  most 32 rows (`targets.exact_attention`), so
+  where the device's products are batch-invariant a verify pass gives each position the bits a
+  plain step gives it, and greedy output equals plain decoding's at any precision.
 """
 from __future__ import annotations
 
@@ -49,9 +55,12 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from dflash2.errors import require
+from dflash2.decoding.verifier.exact import check_exact_verify
+from dflash2.decoding.verifier.full_logits import FullLogits
 from dflash2.decoding.verifier import recurrent
 from dflash2.decoding.verifier.kvcache import SlotLayer
 from dflash2.decoding.verifier.ragged import compaction_index, right_align, worth_compacting
+from dflash2.targets import exact_attention
 from dflash2.targets.delta_rule import capturing
 
 
@@ -71,10 +80,15 @@ def context_limit(text_config) -> int:
 
 
 class TargetAdapter:
-    def __init__(self, model, target_layer_ids: list[int] | None = None):
+    def __init__(self, model, target_layer_ids: list[int] | None = None, exact_verify: bool = False):
         self.model = model
+        # float32 logits from a reduced-precision target (with --exact-verify, in batch-invariant chunks)
+        self.full_logits = FullLogits(model, exact_attention.CHUNK_ROWS if exact_verify else 1 << 30)
+        self.exact_verify = exact_verify
         self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.hybrid = recurrent.check_supported(model, self.config)
+        if exact_verify:
+            check_exact_verify(model, self.hybrid)
         self.recurrent: list[recurrent.RecurrentLayer] = []
         self.layers = decoder_layers(model)
         self.target_layer_ids = list(target_layer_ids or [])
@@ -126,7 +140,7 @@ class TargetAdapter:
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, last_logits_only: bool = False,
                  attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         self._captured.clear()
-        with torch.inference_mode():
+        with torch.inference_mode(), self.full_logits.installed():
             out = self.model(input_ids=ids, attention_mask=self.mask if attention_mask is None else attention_mask,
                              position_ids=positions,
                              past_key_values=self.cache, use_cache=True,
@@ -216,7 +230,18 @@ class TargetAdapter:
         if self.recurrent and q > 1:  # capture each position's recurrent state for `keep`
             with capturing():
                 return self._forward(ids, positions)
-        return self._forward(ids, positions)
+        with self._exactly():
+            return self._forward(ids, positions)
+
+    def _exactly(self):
+        """With `exact_verify`, the context of a decoding pass: attention query by query, products of
+        at most `exact_attention.CHUNK_ROWS` rows."""
+        if not self.exact_verify:
+            return contextlib.nullcontext()
+        both = contextlib.ExitStack()
+        both.enter_context(exact_attention.per_query())
+        both.enter_context(exact_attention.chunked_rows(self.model))
+        return both
 
     def verify(self, ids: torch.Tensor, tree=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.step(ids) if tree is None else self.step_tree(ids, tree.depth, tree.visible)
@@ -240,7 +265,8 @@ class TargetAdapter:
         bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         bias = bias.masked_fill(~allowed, torch.finfo(self.dtype).min)                 # additive: eager and sdpa alike
         self.mask = F.pad(self.mask, (0, q), value=1)
-        return self._forward(ids, positions, attention_mask=bias)
+        with self._exactly():
+            return self._forward(ids, positions, attention_mask=bias)
 
     # ------------------------------------------------------------------ cache bookkeeping
     def keep(self, counts: torch.Tensor, q: int) -> None:

@@ -1,0 +1,58 @@
+"""`--exact-verify`: when it can hold, and the refusal when it cannot.
+
+Contract: a verify pass reproduces a one-token step's arithmetic exactly when (1) its attention
+runs query by query over exactly the keys a one-token step sees (`targets.exact_attention`, the
+adapter's part), (2) its matrix products give each row the bits it gets alone (batch-invariant
+kernels for up to 32 rows, probed by `exact_attention.batch_invariant`; wider passes are
+multiplied in chunks of 32 rows), and (3) the rest is per row (norms, RoPE, activations,
+`full_logits.FullLogits`). Then greedy output equals plain decoding's token for token
+at that precision, bfloat16 included.
+- `check_plan(config, device, dtype)`: before the target loads, from its config: refuses (one-line
+  `DFlash2Error`) recurrent (hybrid) targets, whose verify pass solves the recurrence for the
+  whole block in another order, and a device / dtype whose products of the target's shapes are
+  not batch-invariant (float32 on x86 CPUs: MKL's one-row kernel; GPUs in general), naming the
+  product that failed and what holds instead.
+- `check_exact_verify(model, hybrid)`: after it loads: no recurrent layers, and the attention must
+  be one whose passes `exact_attention` computes (dflash2's Llama, or a transformers model that
+  `targets.kernels.use_kernels` switched to the folded kernel).
+"""
+from __future__ import annotations
+
+import torch
+
+from dflash2.errors import require
+from dflash2.targets import exact_attention, grouped_attention
+
+PROBE_OUT_LIMIT = 16384     # the head's probe uses at most this many vocabulary rows (memory)
+
+
+def linear_shapes(text_config) -> list[tuple[int, int]]:
+    """The (out, in) shapes of a decoder layer's projections and of the LM head (probe-sized)."""
+    hidden = text_config.hidden_size
+    head_dim = getattr(text_config, "head_dim", None) or hidden // text_config.num_attention_heads
+    kv = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
+    inner = getattr(text_config, "intermediate_size", None) or 4 * hidden
+    return [(text_config.num_attention_heads * head_dim, hidden), (kv * head_dim, hidden),
+            (hidden, text_config.num_attention_heads * head_dim), (inner, hidden), (hidden, inner),
+            (min(text_config.vocab_size, PROBE_OUT_LIMIT), hidden)]
+
+
+def check_plan(text_config, device: str, dtype: torch.dtype) -> None:
+    kinds = set(getattr(text_config, "layer_types", None) or [])
+    recurrent = sorted(kinds - {"full_attention", "sliding_attention", "attention"})
+    require(not recurrent, f"--exact-verify needs an attention-only target; this one has {', '.join(recurrent)} "
+                           "layers, whose verify pass solves the recurrence for the whole block at once")
+    holds, failed = exact_attention.batch_invariant(linear_shapes(text_config), dtype, device)
+    name = str(dtype).removeprefix("torch.")
+    require(holds, f"--exact-verify needs batch-invariant matrix products, and on this device ({device}, {name}) "
+                   f"{failed} rounds differently from the same rows alone; it holds in bfloat16 on CPUs with "
+                   "avx512_bf16 or AMX (oneDNN)")
+
+
+def check_exact_verify(model, hybrid: bool) -> None:
+    require(not hybrid, "--exact-verify needs an attention-only target; this one has recurrent layers, whose "
+                        "verify pass solves the recurrence for the whole block at once")
+    own = type(model).__module__ == "dflash2.targets.llama"
+    folded = getattr(model.config, "_attn_implementation", None) == grouped_attention.NAME
+    require(own or folded, f"--exact-verify needs dflash2's Llama or a transformers model on sdpa attention; this "
+                           f"{type(model).__name__} runs '{getattr(model.config, '_attn_implementation', '?')}'")
