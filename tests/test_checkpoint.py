@@ -131,11 +131,11 @@ def test_draft_dtype_auto_rules(monkeypatch):
     CPUs with it; an explicit name always wins."""
     from dflash2 import pipeline as loading
 
-    monkeypatch.setattr(loading, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(loading, "native_bfloat16", lambda device: (False, "test: no bf16"))
     assert loading.draft_dtype_for("auto", "cpu", torch.float32) == torch.float32
     assert loading.draft_dtype_for("auto", "cuda", torch.float32) == torch.float32
     assert loading.draft_dtype_for("auto", "cuda:0", torch.bfloat16) == torch.bfloat16
-    monkeypatch.setattr(loading, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(loading, "native_bfloat16", lambda device: (device == "cpu", "test: bf16 on the CPU"))
     assert loading.draft_dtype_for("auto", "cpu", torch.float32) == torch.bfloat16
     assert loading.draft_dtype_for("auto", "cuda", torch.float32) == torch.float32
     assert loading.draft_dtype_for("fp32", "cpu", torch.bfloat16) == torch.float32
