@@ -219,6 +219,14 @@ CASES = {
         Case(("train", "train.yaml", "train.checkpoint_every=1"), "interrupted", 130,
              _interrupt("dflash2.training.checkpoints:torch.save"), loads=True, writes=True),
     ],
+    "families": [
+        Case(("families",), "config"),
+        Case(("families", "bad.yaml"), "bad.yaml' is not valid YAML"),
+        Case(("families", "train.yaml", "--arms", "v3"), "--arms"),
+        Case(("families", "train.yaml", "--datasets", "nosuch"), "'nosuch'"),
+        Case(("families", "train.yaml", "--output", "afile.txt"), "afile.txt"),
+        Case(("families", "train.yaml", "--concurrency", "0"), "--concurrency must be positive integers"),
+    ],
     "ablation": [
         Case(("ablation",), "config"),
         Case(("ablation", "bad.yaml"), "bad.yaml' is not valid YAML"),

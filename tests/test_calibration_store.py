@@ -64,16 +64,16 @@ def _stored(work) -> tuple:
 def _lookup_decode() -> GenerationResult:
     pipe = load_decoder("target", proposer="lookup", speculate="auto", dtype="float32")
     ids = encode_prompt(pipe.tokenizer, "abcabcabcabcabcabcabcabc", False)
-    return pipe.decoder.generate([ids], GenerationConfig(max_new_tokens=480))[0]
+    return pipe.decoder.generate([ids], GenerationConfig(max_new_tokens=64))[0]
 
 
 def test_a_calibration_stored_under_load_is_probed_past_and_replaced(work, measured, monkeypatch):
     """The stored figures say every wide pass costs 1000 plain steps (measured while the machine was
     loaded): lookup still gets verified, and what the run observed replaces the stored figures."""
     factor = costs_module.STALE_FACTOR
-    # the tiny target's answers copy little: in 480 tokens lookup is verified a handful of times, at
-    # two or three widths, so a width counts as observed after 2 passes here (4 in the library)
-    monkeypatch.setattr(costs_module, "STALE_SAMPLES", 2)
+    # the tiny target's answers copy little: lookup is verified a few times, at widths that depend
+    # on the host's timings, so here one pass of a width counts as observed (4 in the library)
+    monkeypatch.setattr(costs_module, "STALE_SAMPLES", 1)
     monkeypatch.setattr(costs_module, "STALE_FACTOR", 1e9)     # the honest run stores what it measured
     honest = _lookup_decode()
     path, record = _stored(work)

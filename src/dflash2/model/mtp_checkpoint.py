@@ -53,7 +53,7 @@ def _read_json(file: Path, what: str) -> dict:
 def is_mtp_checkpoint(path: str | Path) -> bool:
     try:
         return json.loads((Path(path) / CONFIG_FILE).read_text(encoding="utf-8")).get("architectures") == [MTP_ARCH]
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):   # the draft loader says what is wrong
         return False
 
 
