@@ -16,7 +16,7 @@ from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.export import ExportSettings, export_draft
 from dflash2.export import gguf_format
-from dflash2.export.neutral import NEUTRAL_SELECTOR_RANK
+from dflash2.export.neutral import NEUTRAL_SELECTOR_RANK, full_vocabulary
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.pipeline import Pipeline, shipped_draft_path
 from dflash2.targets.builtin import BUILTIN_TARGETS
@@ -161,12 +161,12 @@ def test_dflash_v1_measures_its_cost_with_the_reloaded_export(tmp_path, target):
     assert "acceptance length" in cost.line() and "identical: True" in cost.line()
 
 
-def test_reduced_vocabulary_draft_is_refused_without_full_vocabulary(tmp_path, target, capsys):
+def test_reduced_vocabulary_draft_exports_scoring_the_whole_vocabulary(tmp_path, target, capsys):
+    """Engines score all rows: the export drops a draft vocabulary on its own and says so."""
     src = save(tiny_draft(target, draft_vocab_size=40), tmp_path / "src")
-    assert main(["export", str(src), "--to", "dflash2", "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "reduced vocabulary of 40 tokens" in err[0] and "--full-vocabulary" in err[0]
-    assert not (tmp_path / "out").exists()
+    assert main(["export", str(src), "--to", "dflash2", "--out", str(tmp_path / "out"), "--measure-prompts", "0"]) == 0
+    assert "removed: draft vocabulary (40 tokens)" in capsys.readouterr().out
+    assert "draft_vocab_size" not in json.loads((tmp_path / "out" / "config.json").read_text())["dflash_config"]
 
 
 @pytest.mark.parametrize("form", ["dflash2", "dflash-v1"])
@@ -177,7 +177,7 @@ def test_full_vocabulary_export_drops_the_mapping_and_measures_its_cost(tmp_path
     src = save(draft, tmp_path / "src")
     pipe = Pipeline(SpeculativeDecoder(TargetAdapter(target, draft.config.target_layer_ids), draft), _Tokenizer(),
                     (), "tiny", False)
-    settings = ExportSettings(draft=src, form=form, out=tmp_path / "out", full_vocabulary=True, measure_prompts=2,
+    settings = ExportSettings(draft=src, form=form, out=tmp_path / "out", measure_prompts=2,
                               measure_tokens=10)
     result = export_draft(settings, pipeline=pipe)
     assert result.dropped[0] == "draft vocabulary (40 tokens)"
@@ -269,7 +269,7 @@ def test_gguf_of_the_shipped_draft_against_the_builtin_target(tmp_path):
     assert fields["tokenizer.ggml.mask_token_id"] == 16 and fields["dflash.target_layers"] == [2, 15, 28]
     types = {t.name: t.tensor_type for t in reader.tensors}
     assert types["fc.weight"] == GGMLQuantizationType.BF16 and types["blk.0.attn_conv_base"] == GGMLQuantizationType.F32
-    draft = DFlash2DraftModel.from_pretrained(src, dtype=torch.bfloat16)
+    draft = full_vocabulary(DFlash2DraftModel.from_pretrained(src, dtype=torch.bfloat16))   # engines score all rows
     tensors = {t.name: t for t in reader.tensors}
     for name, tensor in draft.state_dict().items():  # shapes in ggml order; bf16 values bit-exact
         got = tensors[gguf_format.gguf_name(name)]

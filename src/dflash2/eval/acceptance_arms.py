@@ -31,6 +31,7 @@ from dflash2.export import ExportSettings, export_draft
 from dflash2.export import llama_cpp
 from dflash2.export.acceptance_cost import draft_runs
 from dflash2.export.gguf_target import unquantized_gguf
+from dflash2.export.neutral import full_vocabulary
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.pipeline import load_decoder
 
@@ -80,6 +81,8 @@ def dflash2_arm(job: Job, dtype: str, form: str = "checkpoint") -> Arm:
     try:
         pipe = load_decoder(job.target, str(job.draft), dtype=dtype, draft_dtype=dtype, proposer="draft")
         draft = pipe.decoder.draft
+        if draft.config.draft_vocab_size is not None:   # the engines get it scoring the whole vocabulary
+            draft = full_vocabulary(draft).to(draft.fc.weight.device)
         if form == "dflash-v1":
             draft = DFlash2DraftModel.from_pretrained(_export(job, "dflash-v1", "float32"),
                                                       dtype=getattr(torch, dtype), device=draft.fc.weight.device)

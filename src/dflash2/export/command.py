@@ -1,7 +1,7 @@
 """`dflash2 export DRAFT --to dflash2|dflash-v1|gguf --out DIR`: the command line of the export.
 
 Contract: `main(argv)` parses, runs `export_draft` and prints what was written (files, parts
-completed or dropped, the acceptance cost of `dflash-v1`, the command that serves the result).
+completed or dropped, the acceptance cost of `dflash-v1` or of dropping a draft vocabulary, the command that serves the result).
 For `--to gguf` it then says whether the draft pays in llama.cpp on this machine and with which
 settings (`llama_cpp_advice`, `speculation_advice`) where llama.cpp is found (`--llama-cpp DIR`,
 `$DFLASH2_LLAMA_CPP`, PATH, the scripts' install), else how to install it; `--no-advice` skips it.
@@ -43,23 +43,19 @@ def parse_settings(argv: list[str]) -> tuple[argparse.Namespace, ExportSettings]
                    "measurement) or the target's .gguf (gguf tokenizer); default smollm2")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights of the export (GGUF: its matrices); "
                    "auto: the dtype the checkpoint stores")
-    p.add_argument("--measure-prompts", type=int, default=4, help="dflash-v1: prompts for the acceptance cost (0: skip)")
-    p.add_argument("--measure-tokens", type=int, default=64, help="dflash-v1: new tokens per prompt")
+    p.add_argument("--measure-prompts", type=int, default=4, help="dflash-v1 or a reduced draft vocabulary: prompts for the acceptance cost of the change (0: skip)")
+    p.add_argument("--measure-tokens", type=int, default=64, help="new tokens per prompt of that measurement")
     p.add_argument("--llama-cpp", default=None, help="gguf: directory of llama.cpp's programs, for the advice on "
                    "whether the draft pays there (default: $DFLASH2_LLAMA_CPP, PATH, or the scripts' install)")
     p.add_argument("--no-advice", action="store_true", help="gguf: skip measuring whether the draft pays in llama.cpp")
     p.add_argument("--advice-threads", type=int, default=1, help="gguf: llama.cpp threads for the advice (the "
                    "threads you deploy with; more than the idle cores stalls llama.cpp)")
-    p.add_argument("--full-vocabulary", action="store_true",
-                   help="a draft with a reduced draft vocabulary (d2t/t2d): export it without the mapping, so it "
-                        "scores the target's whole vocabulary as engines expect (its acceptance cost is measured)")
     args = p.parse_args(argv)
     if args.advice_threads < 1:
         raise DFlash2Error(f"--advice-threads must be a positive integer, got {args.advice_threads}")
     if args.to == "gguf" and not args.no_advice and args.llama_cpp:
         llama_cpp.find_llama_cpp(args.llama_cpp)   # a wrong directory fails now, before the export
     return args, ExportSettings(draft=Path(args.draft), form=args.to, out=Path(args.out), force=args.force,
-                          full_vocabulary=args.full_vocabulary,
                           target=args.target, dtype=args.dtype, measure_prompts=args.measure_prompts,
                           measure_tokens=args.measure_tokens)
 

@@ -11,9 +11,9 @@ Contract: `export_draft(settings, pipeline=None)`
    complete (`fileio.atomic_directory`): nothing half-written. Into an existing, non-empty `out`
    (only with `force`) it replaces just the files an export writes (`OWN_FILES`); everything else
    there stays;
-4. for `dflash-v1` of a DFlash2 draft, or a reduced-vocabulary draft exported with
-   `full_vocabulary` (engines score the whole vocabulary; without that flag such a draft is
-   refused in step 1), with `measure_prompts > 0`, measures the acceptance cost on the target
+4. for `dflash-v1` of a DFlash2 draft, or a reduced-vocabulary draft (d2t / t2d: engines score
+   the whole vocabulary, so the export always drops the mapping), with `measure_prompts > 0`,
+   measures the acceptance cost on the target
    (`pipeline`, or `load_decoder(settings.target, settings.draft)`), decoding with the re-loaded
    export.
 Returns an `ExportResult`.
@@ -71,7 +71,8 @@ def _output_directory(out: Path) -> Iterator[Path]:
 
 def _measures(settings: ExportSettings, config: DFlash2Config) -> bool:
     changed = (settings.form == "dflash-v1" and config.is_dflash2) or config.draft_vocab_size is not None
-    return changed and settings.measure_prompts > 0
+    a_gguf_target = settings.form == "gguf" and settings.target.endswith(".gguf")   # a tokenizer, not a model
+    return changed and settings.measure_prompts > 0 and not a_gguf_target
 
 
 def check(settings: ExportSettings) -> DFlash2Config:
@@ -79,10 +80,6 @@ def check(settings: ExportSettings) -> DFlash2Config:
     settings.validate()
     config = read_config(settings.draft)
     weight_files(settings.draft)
-    require(config.draft_vocab_size is None or settings.full_vocabulary,
-            f"draft '{settings.draft}' proposes from a reduced vocabulary of {config.draft_vocab_size} tokens (d2t / t2d); "
-            f"the engines' DFlash loaders score all {config.vocab_size}: pass --full-vocabulary to export it without "
-            "the mapping (the acceptance this costs is measured)")
     if settings.form == "dflash2":
         neutral.dflash2_config(config)
     if settings.form == "gguf":

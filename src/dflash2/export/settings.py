@@ -28,11 +28,10 @@ class ExportSettings:
     form: str                      # one of FORMS
     out: Path                      # directory to create
     force: bool = False            # write into a non-empty `out`, replacing only the export's own files
-    target: str = "smollm2"        # the draft's target: acceptance (dflash-v1) and tokenizer (gguf)
+    target: str = "smollm2"        # the draft's target: acceptance cost (dflash-v1, a reduced vocabulary), tokenizer (gguf)
     dtype: str = "auto"            # weights in the export (GGUF: its matrices; vectors stay F32)
     measure_prompts: int = 4       # dflash-v1: prompts for the acceptance measurement (0: skip)
     measure_tokens: int = 64       # dflash-v1: new tokens per prompt
-    full_vocabulary: bool = False  # a reduced-vocabulary draft: export it scoring the whole vocabulary
 
     def validate(self) -> None:
         require(self.form in FORMS, f"--to '{self.form}': choose one of {', '.join(FORMS)}")
