@@ -76,7 +76,7 @@ def test_shipped_configs_load(name):
     assert cfg.draft.use_selector == (name in ("smollm2-dflash2", "smollm2-selector-only"))
 
 
-def test_precision_auto_picks_bf16_only_where_it_is_fast():
+def test_precision_auto_picks_bf16_only_where_it_is_fast(monkeypatch):
     import torch
 
     from dflash2.training.trainer import autocast_dtype
@@ -84,9 +84,13 @@ def test_precision_auto_picks_bf16_only_where_it_is_fast():
     cpu = torch.device("cpu")
     assert autocast_dtype("fp32", cpu) is None
     assert autocast_dtype("bf16", cpu) is torch.bfloat16
-    assert autocast_dtype("auto", torch.device("cuda")) is torch.bfloat16
-    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    assert autocast_dtype("auto", cpu) is (torch.bfloat16 if native else None)
+    from dflash2.runtime.devices import native_bfloat16
+
+    assert autocast_dtype("auto", cpu) is (torch.bfloat16 if native_bfloat16("cpu")[0] else None)
+    for native, expected in ((True, torch.bfloat16), (False, None)):   # a device's answer decides, CUDA's too
+        monkeypatch.setattr("dflash2.training.trainer.native_bfloat16", lambda device, n=native: (n, "patched"))
+        assert autocast_dtype("auto", torch.device("cuda")) is expected
+        assert autocast_dtype("auto", cpu) is expected
 
 
 # A checkpoint's copy of configs/smollm2-dflash2.yaml as the string-keyed config wrote it (before the

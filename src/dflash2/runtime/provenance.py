@@ -3,8 +3,7 @@
 Contract:
 - `git_commit(path=None)` names the commit of the working tree around `path` (default: this
   package), with "+dirty" when it has uncommitted changes; None outside git.
-- `cpu_model()` is the CPU's model name; `cpu_has_native_bf16()` says whether it runs bf16 matmuls
-  natively. `machine_identity()` is what timings depend on (CPU, cores, torch threads, bf16, GPU);
+- `cpu_model()` is the CPU's model name. `machine_identity()` is what timings depend on (CPU, cores, torch threads, bf16, GPU);
   `machine_info()` adds platform, library versions and the load average; `machine_line(info)` says
   it in one line for reports.
 - `cpu_ticks()` reads (stolen, all) CPU ticks since boot (Linux), None elsewhere;
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import torch
 import transformers
+
+from dflash2.runtime.devices import native_bfloat16
 
 
 def git_commit(path: str | Path | None = None) -> str | None:
@@ -46,15 +47,10 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def cpu_has_native_bf16() -> bool:
-    """True when this CPU runs bf16 matmuls natively (avx512_bf16 / AMX through oneDNN)."""
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
 def machine_identity() -> dict:
     """What timings depend on, for deciding whether saved bench parts came from the same kind of machine."""
     return {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "cpu_bf16": cpu_has_native_bf16(),
+            "cpu_bf16": native_bfloat16("cpu")[0],
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 

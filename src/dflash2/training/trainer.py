@@ -48,7 +48,7 @@ from tqdm import tqdm
 from dflash2.argparsing import OneLineParser
 from dflash2.errors import DFlash2Error, require
 from dflash2.files.atomic import atomic_write
-from dflash2.runtime.provenance import cpu_has_native_bf16
+from dflash2.runtime.devices import native_bfloat16
 from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.training import checkpoints as ckpt
 from dflash2.training.batches import Example, build_batch
@@ -86,7 +86,7 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """`train.precision` -> the autocast dtype (None = plain fp32). `auto` is bf16 on CUDA and on CPUs
     with native bf16 matmul (where bf16 steps are faster: TRAINING.md), fp32 elsewhere."""
     if precision == "auto":
-        fast = device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16())
+        fast = device.type in ("cuda", "cpu") and native_bfloat16(str(device))[0]
         precision = "bf16" if fast else "fp32"
     return torch.bfloat16 if precision == "bf16" else None
 
