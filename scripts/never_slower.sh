@@ -1,5 +1,5 @@
 #!/bin/bash
-# BENCHMARKS.md §7.1 and §11.2: the cycle profile and always-vs-auto benches of one code version.
+# BENCHMARKS.md §7.1 and docs/cycle-cost.md (a cycle's phases by batch size): the cycle profile and always-vs-auto benches of one code version.
 # usage: scripts/never_slower.sh OUT [DRAFT ...]   (default drafts: the shipped one)
 # Run it from the checkout to measure (for "before", from a worktree of the older commit), with
 # nothing else running: it times things. `auto` runs decode the prompts REPEATS times (default 3,

@@ -1,4 +1,4 @@
-"""Precision study of issue 44 (BENCHMARKS.md section 12): greedy mismatches, near-tie bound, step costs.
+"""Precision study of issue 44 (docs/precision.md): greedy mismatches, near-tie bound, step costs.
 
     python scripts/precision/study.py mismatch --out runs/precision/mismatch.json [--max-new-tokens 128]
     python scripts/precision/study.py bound    --out runs/precision/bound.json

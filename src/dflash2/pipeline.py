@@ -71,7 +71,7 @@ from dflash2.targets.chat import choose_mask_token, stop_token_ids
 def draft_dtype_for(name: str, device: str, target_dtype: torch.dtype) -> torch.dtype:
     """`auto`: bfloat16 on CPUs with native bf16 matmul (there the draft is memory-bound), else the
     target's dtype: on CUDA a small draft is launch-bound and ran faster in fp32 than in bf16 (H200,
-    BENCHMARKS.md section 11.3), while a large target in bf16 gets a bf16 draft. The draft's precision
+    docs/cycle-cost.md, on a GPU), while a large target in bf16 gets a bf16 draft. The draft's precision
     cannot change the output (the target decides every token)."""
     if name != "auto":
         return parse_dtype(name)

@@ -9,8 +9,8 @@ Contract:
   logit difference); above it, or where one output merely stops early, a defect: no rounding
   explains it, the decoder chose a token the target did not.
 - `NEAR_TIE_BOUNDS`: per precision, the measured bound on how far one decoding's difference of two
-  logits strays from the float32 target's (`scripts/precision/study.py bound`, BENCHMARKS.md
-  section 12.2). If plain decoding picked a and the other decoding b, one of them ordered a and b
+  logits strays from the float32 target's (`scripts/precision/study.py bound`,
+  docs/precision.md, the near-tie bound). If plain decoding picked a and the other decoding b, one of them ordered a and b
   against the float32 margin, so its error was at least that margin: a margin above the bound is
   beyond what rounding did anywhere it was measured.
 - `audit(pairs, reference, dtype)`: pairs of (prompt ids, plain output, other output) ->
@@ -29,7 +29,7 @@ from typing import Callable, Iterable
 import torch
 
 # Measured (`scripts/precision/study.py bound`, 12 prompts of the six-kind set, SmolLM2, 1,348
-# positions, BENCHMARKS.md section 12.2): the largest deviation of a bfloat16 decoding's top-two logit
+# positions, docs/precision.md, the near-tie bound): the largest deviation of a bfloat16 decoding's top-two logit
 # difference from the float32 target's was 0.39 (p99.9 0.36; one-token steps and 8-token verify
 # passes, bfloat16 or float32 head); float32 passes differ by ~1e-5 (the fp32 tie of BENCHMARKS.md
 # section 1.1 was 2.3e-5). The bounds leave room above those; float16's is not measured (bfloat16's

@@ -269,7 +269,7 @@ class DFlash2DraftModel(nn.Module):
         """hidden [..., H] -> logits [..., Vd] over the draft vocabulary (the target's whole vocabulary
         unless reduced; map ids with `draft_to_target`)."""
         # 2-D input: F.linear on [..., T, H] with a broadcast weight falls into a much slower
-        # batched matmul on CPU (BENCHMARKS.md section 11.1).
+        # batched matmul on CPU (docs/cycle-cost.md, components on a CPU).
         flat = hidden.reshape(-1, hidden.shape[-1])
         logits = F.linear(flat, self.head_weight.to(hidden.dtype)).float().view(*hidden.shape[:-1], -1)
         if self.config.output_multiplier != 1.0:

@@ -15,7 +15,7 @@ its LM head as follows, per row x (the float32 norm output) and token j:
   every logit that can decide it, is the float32 head's. The others keep their reduced value
   (off by at most E, and at least 2E below the top: they cannot matter to greedy decoding and
   move a sampled distribution by at most E per logit).
-Measured on SmolLM2 in bfloat16 (2-core EPYC, BENCHMARKS.md section 12): a handful of tokens per
+Measured on SmolLM2 in bfloat16 (2-core EPYC, docs/precision.md): a handful of tokens per
 row are recomputed; a float32 head for the whole vocabulary (a float32 copy of the weight, 113
 MB) cost 3.4x the bfloat16 head for an 8-token verify pass, this about 1 %.
 The head's reduced-precision product is the model's own: `lm_head` for a transformers model, the
