@@ -167,7 +167,9 @@ class DFlash2DraftModel(nn.Module):
             # EAGLE-3 layout: draft id i is target id i + d2t[i]; t2d marks the target ids kept.
             # Identity until `set_draft_vocabulary` (training) or a checkpoint fills them.
             self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
-            self.register_buffer("t2d", torch.arange(config.vocab_size) < config.draft_vocab_size)
+            kept = torch.zeros(config.vocab_size, dtype=torch.bool)   # (no comparison op: it would import torch._dynamo)
+            kept[:config.draft_vocab_size] = True
+            self.register_buffer("t2d", kept)
         self.register_buffer("draft_head", None, persistent=False)       # [Vd, H] rows of lm_head_weight
         self._borrowed: _Borrowed | None = None
         self.conv_enabled = True  # analysis switch: run a DFlash2 draft with its convolutions off
