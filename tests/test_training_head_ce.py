@@ -20,7 +20,7 @@ def test_matches_plain_cross_entropy(multiplier, softcap, chunk):
     labels = torch.randint(0, 101, (37,), generator=gen)
     upstream = torch.rand(37, dtype=torch.float64, generator=gen)
 
-    loss, ce, top1, cand = head_cross_entropy(hidden, weight, labels, top_k=5, chunk=chunk,
+    loss, ce, top1, cand, _ = head_cross_entropy(hidden, weight, labels, top_k=5, chunk=chunk,
                                               multiplier=multiplier, softcap=softcap)
     assert torch.equal(loss, ce)  # no soft targets: the objective is the hard CE
     (loss.double() * upstream).sum().backward()
@@ -41,11 +41,11 @@ def test_head_weight_gets_no_gradient_and_no_grad_mode_works():
     hidden = torch.randn(5, 8, requires_grad=True)
     weight = torch.randn(20, 8, requires_grad=True)
     labels = torch.randint(0, 20, (5,))
-    ce, _, _, _ = head_cross_entropy(hidden, weight, labels, top_k=3, chunk=2)
+    ce, _, _, _, _ = head_cross_entropy(hidden, weight, labels, top_k=3, chunk=2)
     ce.sum().backward()
     assert weight.grad is None and hidden.grad is not None
     with torch.no_grad():
-        again, _, _, _ = head_cross_entropy(hidden, weight, labels, top_k=3, chunk=2)
+        again, _, _, _, _ = head_cross_entropy(hidden, weight, labels, top_k=3, chunk=2)
     assert torch.allclose(again, ce.detach())
 
 
@@ -54,9 +54,9 @@ def test_bf16_autocast_is_close_to_fp32():
     hidden = torch.randn(16, 32, generator=gen)
     weight = torch.randn(64, 32, generator=gen) / 4
     labels = torch.randint(0, 64, (16,), generator=gen)
-    exact, _, _, _ = head_cross_entropy(hidden, weight, labels, top_k=4, chunk=5)
+    exact, _, _, _, _ = head_cross_entropy(hidden, weight, labels, top_k=4, chunk=5)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        low, _, _, _ = head_cross_entropy(hidden, weight, labels, top_k=4, chunk=5)
+        low, _, _, _, _ = head_cross_entropy(hidden, weight, labels, top_k=4, chunk=5)
     assert low.dtype == torch.float32
     assert torch.allclose(low, exact, rtol=0.05, atol=0.05)
     assert not torch.equal(low, exact)  # the matmul really ran in bf16
@@ -79,7 +79,7 @@ def test_distillation_target_matches_soft_cross_entropy(hard_weight, chunk):
     soft_probs = torch.softmax(soft_logits, -1)
     upstream = torch.rand(rows, dtype=torch.float64, generator=gen)
 
-    loss, ce, top1, _ = head_cross_entropy(hidden, weight, labels, top_k=4, chunk=chunk, soft_ids=soft_ids,
+    loss, ce, top1, _, _ = head_cross_entropy(hidden, weight, labels, top_k=4, chunk=chunk, soft_ids=soft_ids,
                                            soft_probs=soft_probs, hard_weight=hard_weight)
     (loss.double() * upstream).sum().backward()
     fused_grad, hidden.grad = hidden.grad.clone(), None

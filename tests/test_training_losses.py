@@ -130,10 +130,12 @@ def test_loss_stats_add_reduce_and_summarise():
     reduced = total.reduced(Dist())                                      # one process: the same sums
     assert all(torch.equal(getattr(reduced, f.name), getattr(total, f.name)) for f in fields(total))
     summary = total.summary(selector_weight=1.0, has_selector=True)
-    assert list(summary) == ["loss", "loss_ce", "tau_base", "top1", "topk", "blocks", "loss_selector",
-                             "loss_selector_in_topk", "tau", "selector_acc"]
+    assert list(summary) == ["loss", "loss_ce", "tau_base", "top1", "topk", "blocks", "acceptance_alpha",
+                             "loss_selector", "loss_selector_in_topk", "tau", "selector_acc"]
+    assert summary["acceptance_alpha"] == float(total.alpha) / float(total.weight_alpha)   # b's made-up teacher
+    assert "acceptance_alpha" not in a.summary(selector_weight=1.0, has_selector=True)     # no teacher, no alpha
     assert summary["loss"] == summary["loss_ce"] + summary["loss_selector"] and len(summary["top1"]) == 3
     assert summary["tau"] == float(total.tau) / float(total.blocks)
     without = total.summary(selector_weight=1.0, has_selector=False)
-    assert set(without) == {"loss", "loss_ce", "tau_base", "top1", "topk", "blocks", "tau"}
+    assert set(without) == {"loss", "loss_ce", "tau_base", "top1", "topk", "blocks", "acceptance_alpha", "tau"}
     assert without["tau"] == without["tau_base"] and without["loss"] == without["loss_ce"]

@@ -6,6 +6,7 @@ Modules, one concept each:
     batches      anchor sampling, packed block inputs, labels, block-sparse attention mask
     features     tapped target features: online hooks, optional on-disk cache
     losses       decayed token CE, selector CE, teacher-forced acceptance metrics (`LossStats`)
+    acceptance   the acceptance (LK) loss: alpha = sum min(p, q), -log alpha and its gradient on the logits
     draft_step   the draft to train (factory, warm start, init_from) and the one-forward training module
     distributed  process group, DDP / FSDP2 wrapping
     checkpoints  atomic checkpoints, resume state, bf16 export

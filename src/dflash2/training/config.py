@@ -159,7 +159,8 @@ class LossSection(_Section):
     NAME = "loss"
     RULES = {"num_anchors": _AT_LEAST_1, "gamma": _POSITIVE, "selector_weight": _NON_NEGATIVE,
              "logits_chunk": _AT_LEAST_1, "distill_weight": Rule(lambda v: 0 <= v <= 1, "a number in [0, 1]"),
-             "distill_top_k": _AT_LEAST_1, "position_weighting": _one_of(*WEIGHTINGS),
+             "distill_top_k": Rule(lambda v: v >= 0, "an integer >= 0 (0: keep none)"),
+             "acceptance_weight": Rule(lambda v: 0 <= v <= 1, "a number in [0, 1]"), "position_weighting": _one_of(*WEIGHTINGS),
              "dpace_alpha": Rule(lambda v: 0 < v <= 1, "a number in (0, 1]"),
              "selector_weighting": _one_of("decay", "backbone")}
     num_anchors: int = 64                       # blocks per sequence
@@ -168,11 +169,12 @@ class LossSection(_Section):
     selector_grad_to_backbone: bool = False
     logits_chunk: int = 256                     # positions per [chunk, vocab] logits slice
     distill_weight: float = 0.0                 # share of the target's own distribution in the token loss
-    distill_top_k: int = 32                     # target logits kept per position for distillation
+    distill_top_k: int = 32                     # target logits kept per position (distillation, acceptance loss)
     position_weighting: str = "decay"           # token-loss weights: fixed decay or "dpace" (training/weighting.py)
     dpace_alpha: float = 0.5                    # D-PACE confidence smoothing (1: weight = positions left)
     selector_weighting: str = "decay"           # selector-loss weights: fixed decay or "backbone" (the token loss's)
     selector_gold: bool = False                 # a true token missing from the top K replaces the K-th in the selector loss
+    acceptance_weight: float = 0.0              # share of -log(acceptance rate) (the LK loss, training/acceptance.py) in the token loss
 
 
 @dataclass(frozen=True)
@@ -246,6 +248,10 @@ class TrainConfig:
                 f"config key 'train.grad_accum'={t.grad_accum} must divide train.batch_size={t.batch_size}")
         require(self.data.max_seq_len > d.block_size,
                 f"config key 'data.max_seq_len'={self.data.max_seq_len} must exceed draft.block_size={d.block_size}")
+        for key in ("distill_weight", "acceptance_weight"):   # both read the target's top-k distribution
+            value = getattr(self.loss, key)
+            require(value == 0 or self.loss.distill_top_k > 0,
+                    f"config key 'loss.{key}'={value} needs loss.distill_top_k > 0 (the target's top-k it reads), got 0")
         if d.family == "mtp":   # the head reads the target's last layer, with the target's vocabulary
             require(d.draft_vocab_size is None and d.target_layer_ids is None,
                     "config keys 'draft.draft_vocab_size' and 'draft.target_layer_ids' must be null for "

@@ -2,17 +2,23 @@
 
 Contract:
 - `head_cross_entropy(hidden, head_weight, labels, *, top_k, chunk, multiplier=1.0, softcap=None,
-  soft_ids=None, soft_probs=None, hard_weight=1.0)` takes draft hidden states hidden [P, H]
+  soft_ids=None, soft_probs=None, hard_weight=1.0, acceptance_weight=0.0)` takes draft hidden states hidden [P, H]
   (requires grad or not), the LM head rows the draft scores [V, H] (the target's whole head, or the
   rows of a reduced draft vocabulary; frozen: it never receives a gradient) and labels [P] (indices
   into those rows, -1 for a label the head cannot produce), and returns
-  `(loss [P], ce [P], top1 [P] bool, cand_ids [P, K])`:
+  `(loss [P], ce [P], top1 [P] bool, cand_ids [P, K], alpha [P])`:
     logits = softcap(multiplier * hidden @ head_weight.T)   (softcap(z) = cap * tanh(z / cap))
     ce     = cross-entropy of those logits against `labels` (fp32; 0 where the label is -1)
     loss   = cross-entropy against the mixed target  hard_weight * onehot(label)
              + (1 - hard_weight) * soft, where soft [P, k] puts `soft_probs` on `soft_ids` (the
              target's own top-k distribution, ids -1 dropped): distillation. Without soft targets
              loss = ce.  top1 = argmax(logits) == labels;  cand_ids = the K highest logits' indices.
+    alpha  = the draft's teacher-forced acceptance rate against the soft target,
+             sum_k min(soft_probs, softmax(logits)[soft_ids]) (`acceptance.acceptance_rate`; ids -1
+             count 0, soft_probs NOT renormalised on the head's ids); 0 without soft targets.
+    With `acceptance_weight` w > 0 (needs soft targets):
+             loss = (1 - w) * the cross-entropy above + w * (-log alpha)   (the LK loss);
+             w = 0 leaves the loss and its gradient bit for bit as without the option.
   Only `loss` carries a gradient (to `hidden`); the other outputs are plain.
 - Cost and memory: the [P, V] logits are never alive at once. Each chunk of `chunk` rows is
   multiplied by the head once; while its logits are in hand, the gradient d ce_p / d hidden_p
@@ -27,7 +33,9 @@ Contract:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from dflash2.errors import require
+from dflash2.training.acceptance import acceptance_loss, acceptance_logit_grad, acceptance_rate
 
 
 def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
@@ -45,20 +53,21 @@ def _cap(logits: torch.Tensor, multiplier: float, softcap: float | None) -> torc
 
 class _HeadCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, soft_ids, soft_probs, hard_weight: float, top_k: int, chunk: int,
-                multiplier: float, softcap, dtype):
+    def forward(ctx, hidden, weight, labels, soft_ids, soft_probs, hard_weight: float, acceptance_weight: float,
+                top_k: int, chunk: int, multiplier: float, softcap, dtype):
         with torch.autocast(hidden.device.type, enabled=False):
             return _HeadCrossEntropy._forward(ctx, hidden, weight, labels, soft_ids, soft_probs, hard_weight,
-                                              top_k, chunk, multiplier, softcap, dtype)
+                                              acceptance_weight, top_k, chunk, multiplier, softcap, dtype)
 
     @staticmethod
-    def _forward(ctx, hidden, weight, labels, soft_ids, soft_probs, hard_weight, top_k, chunk, multiplier,
-                 softcap, dtype):
+    def _forward(ctx, hidden, weight, labels, soft_ids, soft_probs, hard_weight, acceptance_weight, top_k, chunk,
+                 multiplier, softcap, dtype):
         want_grad = ctx.needs_input_grad[0]
         w = weight.to(dtype)
         rows = hidden.shape[0]
         ce = hidden.new_empty(rows, dtype=torch.float32)
         loss = hidden.new_empty(rows, dtype=torch.float32)
+        alpha = hidden.new_zeros(rows, dtype=torch.float32)
         top1 = torch.empty(rows, dtype=torch.bool, device=hidden.device)
         cand = torch.empty(rows, min(top_k, weight.shape[0]), dtype=torch.long, device=hidden.device)
         grad = hidden.new_empty(rows, hidden.shape[1], dtype=torch.float32) if want_grad else None
@@ -74,16 +83,27 @@ class _HeadCrossEntropy(torch.autograd.Function):
                                           logits.shape[-1])                  # [C, V] or None (pure hard)
             ce[piece] = -log_probs.gather(1, lab.clamp(min=0)[:, None]).squeeze(1) * valid
             loss[piece] = ce[piece] if target is None else -(target * log_probs).sum(-1)
+            if soft_ids is not None:
+                ids, p = soft_ids[piece], soft_probs[piece].float()                 # [C, k]
+                q = log_probs.gather(1, ids.clamp(min=0)).exp() * (ids >= 0)         # [C, k]
+                alpha[piece] = acceptance_rate(q, p)
+                if acceptance_weight > 0:
+                    loss[piece] = (1.0 - acceptance_weight) * loss[piece] + \
+                        acceptance_weight * acceptance_loss(alpha[piece])
             top1[piece] = (logits.argmax(dim=-1) == lab) & valid
             cand[piece] = logits.topk(cand.shape[1], dim=-1).indices
             if want_grad:
                 d_logits = log_probs.exp_()                                  # softmax, in place
+                if acceptance_weight > 0:                                    # d(-log alpha)/dz, before d_logits changes
+                    d_accept = acceptance_logit_grad(d_logits, ids, p)[1]   # [C, V]
                 if target is None:
                     d_logits *= valid[:, None]
                     d_logits[torch.arange(lab.shape[0], device=lab.device), lab.clamp(min=0)] -= valid.float()
                 else:                                                        # d/dz of -sum t log softmax(z)
                     d_logits *= target.sum(-1, keepdim=True)
                     d_logits -= target
+                if acceptance_weight > 0:
+                    d_logits.mul_(1.0 - acceptance_weight).add_(d_accept, alpha=acceptance_weight)
                 if softcap:                                                  # d cap*tanh(z/cap) / dz
                     d_logits *= 1.0 - (logits / softcap) ** 2
                 if multiplier != 1.0:
@@ -91,16 +111,16 @@ class _HeadCrossEntropy(torch.autograd.Function):
                 grad[piece] = (d_logits.to(dtype) @ w).float()              # [C, H]
         ctx.save_for_backward(grad)
         ctx.input_dtype = hidden.dtype
-        ctx.mark_non_differentiable(ce, top1, cand)
-        return loss, ce, top1, cand
+        ctx.mark_non_differentiable(ce, top1, cand, alpha)
+        return loss, ce, top1, cand, alpha
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_ce, _grad_top1, _grad_cand):
+    def backward(ctx, grad_loss, _grad_ce, _grad_top1, _grad_cand, _grad_alpha):
         (grad,) = ctx.saved_tensors
         grad_hidden = None
         if ctx.needs_input_grad[0]:
             grad_hidden = (grad * grad_loss[:, None].float()).to(ctx.input_dtype)
-        return (grad_hidden,) + (None,) * 10
+        return (grad_hidden,) + (None,) * 11
 
 
 def _target_distribution(labels, valid, soft_ids, soft_probs, hard_weight: float, vocab: int):
@@ -120,10 +140,11 @@ def _target_distribution(labels, valid, soft_ids, soft_probs, hard_weight: float
 def head_cross_entropy(hidden: torch.Tensor, head_weight: torch.Tensor, labels: torch.Tensor, *, top_k: int,
                        chunk: int, multiplier: float = 1.0, softcap: float | None = None,
                        soft_ids: torch.Tensor | None = None, soft_probs: torch.Tensor | None = None,
-                       hard_weight: float = 1.0):
-    """hidden [P, H], head_weight [V, H], labels [P] -> (loss [P], ce [P], top1 [P], cand_ids [P, K])."""
-    return _HeadCrossEntropy.apply(hidden, head_weight.detach(), labels, soft_ids, soft_probs, hard_weight, top_k,
-                                   chunk, multiplier, softcap, _compute_dtype(hidden))
+                       hard_weight: float = 1.0, acceptance_weight: float = 0.0):
+    """hidden [P, H], head_weight [V, H], labels [P] -> (loss [P], ce [P], top1 [P], cand_ids [P, K], alpha [P])."""
+    require(acceptance_weight == 0 or soft_ids is not None, "the acceptance loss needs the target's top-k (soft_ids)")
+    return _HeadCrossEntropy.apply(hidden, head_weight.detach(), labels, soft_ids, soft_probs, hard_weight,
+                                   acceptance_weight, top_k, chunk, multiplier, softcap, _compute_dtype(hidden))
 
 
 def candidate_logits(hidden: torch.Tensor, head_weight: torch.Tensor, cand_ids: torch.Tensor,

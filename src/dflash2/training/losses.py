@@ -17,7 +17,13 @@ Contract:
   reduced one) against the mixed target (1 - distill_weight) * onehot(true token) + distill_weight *
   the target's own top-k distribution at that position (`Teacher`; distillation, a forward KL up
   to the target's entropy). With distill_weight 0 it is the hard CE on the true token, CE_p, which
-  is what the `ce` statistic reports in every case (comparable across recipes). A true token
+  is what the `ce` statistic reports in every case (comparable across recipes). With
+  `acceptance_weight` w > 0 (the LK loss, `training.acceptance`) L_p becomes
+  (1 - w) * that cross-entropy + w * (-log alpha_p), alpha_p = sum over the target's top-k ids of
+  min(p, q): the probability that speculative sampling accepts the draft's token at p (against
+  the target's top-k distribution; its mass outside the top-k is ignored). w = 0 is the recipe
+  without the option, bit for bit. Whenever a teacher is given, the `alpha` statistic is the
+  teacher-forced alpha_p, summed with the fixed decay weights like `ce`. A true token
   outside a reduced vocabulary cannot be drafted: it has no hard term, counts in the normaliser,
   has confidence 0 for D-PACE, and is never a top-1 / top-K hit.
   SelCE_p is the selector's cross-entropy over the top-K candidates of the draft logits, with the
@@ -33,15 +39,17 @@ Contract:
 - Memory and cost: the token CE goes through `head_ce.head_cross_entropy`, which builds logits
   CHUNK positions at a time and forms their gradient on the spot, so at most one chunk's [chunk, V]
   fp32 logits are alive and the LM head is multiplied twice per chunk (forward, gradient).
-- `options` is a `LossOptions` (the four choices above; default: fixed decay, no gold candidate).
+- `options` is a `LossOptions` (the choices above; default: fixed decay, no gold candidate, no
+  acceptance loss).
 - `stats` is a `LossStats` of detached float64 sums, always with the fixed decay weights whatever
   the objective's weights (so the logged CE and selector CE compare across recipes): `a + b` adds micro-batches and steps,
   `reduced(dist)` sums them across ranks (one all_reduce of one packed vector), and
   `summary(selector_weight, has_selector)` turns them into the logged metrics: loss parts,
   teacher-forced acceptance length (tau with the selector walk, tau_base with per-position argmax),
-  per-position top-1, top-K and selector accuracy, and `loss_selector_in_topk` (the selector CE
+  per-position top-1, top-K and selector accuracy, `loss_selector_in_topk` (the selector CE
   averaged over the positions it applies to; `loss_selector` is normalised like the token CE, so it
-  grows with recall).
+  grows with recall) and, when the batches had a teacher, `acceptance_alpha` (the weighted mean
+  teacher-forced alpha_p).
 - Teacher-forced tau of a block = 1 + number of leading positions predicted correctly. With the
   true previous token as predecessor this equals the greedy acceptance length against the labels
   (while the walk is right its chosen predecessor IS the true token). Blocks whose labels stop
@@ -56,6 +64,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from dflash2.errors import require
 from dflash2.training.batches import Batch
 from dflash2.training.head_ce import candidate_logits, head_cross_entropy
 from dflash2.training.weighting import dpace_weights, label_weights
@@ -82,6 +91,7 @@ class LossOptions:
     dpace_alpha: float = 0.5             # D-PACE confidence smoothing
     selector_weighting: str = "decay"    # selector-loss weights: "decay" or "backbone" (the token loss's)
     selector_gold: bool = False          # a true token missing from the top K replaces the K-th in the selector loss
+    acceptance_weight: float = 0.0       # share of -log alpha (the LK loss) in the token loss; needs a teacher
 
     @classmethod
     def from_section(cls, loss) -> "LossOptions":
@@ -99,6 +109,8 @@ class LossStats:
     weight_topk: torch.Tensor    # [] label weights where the true token is among the top K
     ce: torch.Tensor             # [] weighted token CE
     selector: torch.Tensor       # [] weighted selector CE
+    alpha: torch.Tensor          # [] weighted teacher-forced acceptance rate alpha_p (with a teacher)
+    weight_alpha: torch.Tensor   # [] label weights of the positions with a teacher
     blocks: torch.Tensor         # [] real blocks
     tau: torch.Tensor            # [] teacher-forced acceptance length with the selector walk, summed over blocks
     tau_base: torch.Tensor       # [] the same with per-position argmax
@@ -122,7 +134,7 @@ class LossStats:
     def reduced(self, dist: "Dist") -> "LossStats":
         """The sum over all ranks (on the CPU): one all_reduce of every field packed in one vector."""
         parts = self._tensors()
-        flat = torch.cat([t.double().reshape(-1) for t in parts]).to(dist.device)        # [7 + 4T]
+        flat = torch.cat([t.double().reshape(-1) for t in parts]).to(dist.device)        # [9 + 4T]
         flat = dist.all_reduce_sum(flat).cpu()
         pieces = flat.split([t.numel() for t in parts])
         return LossStats(*(piece.reshape(t.shape) for piece, t in zip(pieces, parts)))
@@ -142,6 +154,8 @@ class LossStats:
             "topk": _rounded(self.topk / count),
             "blocks": int(self.blocks),
         }
+        if float(self.weight_alpha) > 0:
+            out["acceptance_alpha"] = float(self.alpha) / float(self.weight_alpha)
         if has_selector:
             out["loss_selector"] = sel
             out["loss_selector_in_topk"] = float(self.selector) / max(float(self.weight_topk), 1e-12)
@@ -221,12 +235,15 @@ def block_losses(draft, hidden: torch.Tensor, batch: Batch, weights: torch.Tenso
 
     c = draft.config
     soft_ids = soft_probs = None
-    if teacher is not None and distill_weight > 0:
+    if teacher is not None:
         soft_ids = draft.target_to_draft(teacher.ids.reshape(-1, teacher.ids.shape[-1])[index])          # [P, k]
         soft_probs = torch.softmax(teacher.logits.reshape(-1, teacher.logits.shape[-1])[index].float(), -1)
-    loss_rows, ce, top1, cand = head_cross_entropy(
+    require(options.acceptance_weight == 0 or teacher is not None,
+            "loss.acceptance_weight > 0 needs the target's top-k distribution (loss.distill_top_k > 0)")
+    loss_rows, ce, top1, cand, alpha = head_cross_entropy(
         hid, draft.head_weight, draft.target_to_draft(lab), top_k=top_k, chunk=chunk, multiplier=c.output_multiplier,
-        softcap=c.final_logit_softcapping, soft_ids=soft_ids, soft_probs=soft_probs, hard_weight=1.0 - distill_weight)
+        softcap=c.final_logit_softcapping, soft_ids=soft_ids, soft_probs=soft_probs, hard_weight=1.0 - distill_weight,
+        acceptance_weight=options.acceptance_weight)
     cand_ids = draft.draft_to_target(cand)                                   # [P, K] target ids
     in_topk = (cand_ids == lab[:, None]).any(dim=-1)
     if draft.selector is not None:
@@ -265,6 +282,8 @@ def block_losses(draft, hidden: torch.Tensor, batch: Batch, weights: torch.Tenso
             weight_topk=topk_weight,
             ce=ce_sum.detach(),
             selector=sel_sum.detach(),
+            alpha=(wt * alpha).sum(),
+            weight_alpha=wt.sum() if teacher is not None else torch.zeros((), device=device),
             blocks=valid.float().sum(),
             tau=((1 + _leading_correct(sel_ok)) * valid).sum(),
             tau_base=((1 + _leading_correct(top1)) * valid).sum(),

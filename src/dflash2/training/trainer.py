@@ -70,6 +70,7 @@ RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.log_every", "train.
 LEGACY_VALUES = {"optim.clip_selector_separately": False, "data.exclude_holdout": False,
                  "loss.distill_weight": 0.0, "loss.distill_top_k": 32, "loss.position_weighting": "decay",
                  "loss.dpace_alpha": 0.5, "loss.selector_weighting": "decay", "loss.selector_gold": False,
+                 "loss.acceptance_weight": 0.0,
                  "draft.family": "dflash2"}
 
 
@@ -118,7 +119,7 @@ class Trainer:
         self.draft, self.build_report = build_draft(cfg, target_model, tokenizer, train_sequences)
         self.draft.to(device)  # the borrowed embedding and LM head move with it
         self.adapter = TargetAdapter(target_model, self.draft.config.target_layer_ids)
-        top_k = cfg.loss.distill_top_k if cfg.loss.distill_weight > 0 else 0
+        top_k = cfg.loss.distill_top_k if cfg.loss.distill_weight > 0 or cfg.loss.acceptance_weight > 0 else 0
         tag = cache_tag(cfg.target.name, self.draft.config.target_layer_ids, target_dtype, d.max_seq_len)
         self.features = FeatureSource(self.adapter, d.feature_cache_dir, tag, top_k=top_k)
         per_step = self.dist.world * t.grad_accum
