@@ -1,21 +1,20 @@
-"""The speculation policy's choice, as pure functions of (tables, costs, offer, settings): nothing here
-writes anything (`learner.SpeculationPolicy` keeps the tables and costs, and learns).
+"""The speculation policy's choice, as pure functions of (tables, costs, settings, offer): nothing here
+writes (`learner.SpeculationPolicy` keeps the tables and costs, and learns).
 
 Contract:
 - `choose(tables, costs, settings, b, block, probe, lookup_probes, offer, draft_seconds)` -> `Choice`:
-  the room k and per row the source and tokens to verify that maximise expected committed tokens
-  per second, rate(k) = sum_r max_s E_{r,s}(min(k, T_{r,s})) / (t_draft + t_verify(b, k + 1) + t_host),
-  E from `tables` (`expectation`), trees priced by their nodes, times from `costs`. A probe takes
-  acceptances and costs at their optimistic bounds, so that they are tried; other cycles the mean.
-  A draft block that does not pay (k = 0, or a probe not paying even so) is verified without the
-  draft's tokens. A fixed batch (`Offer.remaining`) is rated by the plain decoding time it saves
-  per second. Lookup alone is chosen at its mean; when only its optimistic bound would verify more,
-  a lookup probe verifies that once and the next waits until what one can lose is `budget` of the
-  waiting cycles' time (`Choice.lookup_probes`). A sampled row's draft confidence is never seen.
-- `worth_drafting(...)`, before the draft pass with lookup's offer in hand: whether the draft at its
-  usual yield beats lookup alone, pass included (before it has one: whether lookup leaves a row
+  the room k and per row the source and tokens that maximise expected committed tokens per second,
+  rate(k) = sum_r max_s E_{r,s}(min(k, T_{r,s})) / (t_draft + t_verify(b, k + 1) + t_host), trees
+  priced by their nodes. A probe takes acceptances and costs at their optimistic bounds, other cycles
+  at the mean. A draft block that does not pay (k = 0, or a probe not paying even so) is verified
+  without the draft's tokens. A fixed batch (`Offer.remaining`) is rated by the plain decoding time
+  it saves per second. Lookup alone is chosen at its mean; when only its optimistic bound would
+  verify more, a lookup probe verifies that once and the next waits until what one can lose is
+  `budget` of the waiting cycles' time (`Choice.lookup_probes`).
+- `worth_drafting(...)`, before the draft pass, lookup's offer in hand: whether the draft at its usual
+  yield beats lookup alone, pass included (before it has a yield: whether lookup leaves a row
   uncovered); one skipped `skips.length` times in a row runs anyway (the outlook ages).
-- `Pricing(costs, b, draft_s)`: the cost model read at batch b (plain step, a cycle, rates, losses).
+- `Pricing(costs, b, draft_s, remaining)`: the cost model read at batch b (plain step, a cycle, rates).
 """
 from __future__ import annotations
 
@@ -35,13 +34,12 @@ Expectations = dict[str, list[list[float]]]   # source -> per row [E(0), ..., E(
 class Settings:
     """`mode` (`SPECULATE_MODES`); back-offs from `min_backoff` to `max_backoff` cycles; `budget`: the
     share of plain decoding's time exploration may lose, split between `sources` explored sources;
-    `optimism`: standard deviations a probe's bound adds; `margin`: what a probe must beat by."""
+    `optimism`: standard deviations a probe's bound adds."""
     mode: str = "auto"
     min_backoff: int = 8
     max_backoff: int = 512
     budget: float = 0.02
     optimism: float = 1.0
-    margin: float = 0.0
     sources: int = 1
 
 
@@ -57,11 +55,13 @@ class Tables:
 
 
 class Pricing:
-    """The cost model read at batch b, the draft pass at `draft_s` (default: the model's figure)."""
+    """The cost model read at batch b: the draft pass at `draft_s` (None: the model's figure), a fixed
+    batch's `remaining` tokens a row (None: a batch that refills; rated by tokens per second)."""
 
-    def __init__(self, costs: CostModel, b: int, draft_s: float | None = None):
-        self.costs, self.b = costs, b
+    def __init__(self, costs: CostModel, b: int, draft_s: float | None = None, remaining: list[int] | None = None):
+        self.costs, self.b, self.remaining = costs, b, remaining
         self.draft_s = costs.draft(b) if draft_s is None else draft_s
+        self.steps = None if remaining is None else step_curve(b, self.plain_step)   # a plain step of 1..b rows
 
     def plain_step(self, b: int | None = None) -> float:
         b = self.b if b is None else b
@@ -77,19 +77,13 @@ class Pricing:
         return ((self.draft_s if drafted else 0.0) + self.costs.verify(self.b, k + 1, optimistic)
                 + self.costs.host(self.b, True))
 
-    def steps(self, remaining: list[int] | None) -> list[float] | None:
-        """A plain step's seconds at 1..b rows, where a fixed batch's rate needs them."""
-        return None if remaining is None or self.b == 1 else step_curve(self.b, self.plain_step)
-
-    def rate(self, expected: list[float], seconds: float, remaining: list[int] | None = None,
-             steps: list[float] | None = None) -> float:
+    def rate(self, expected: list[float], seconds: float) -> float:
         """Tokens per second; for a fixed batch (b > 1) the plain decoding time saved per second, in
         plain decoding's tokens per second (so that the time until the last row ends is minimised)."""
         seconds = max(seconds, 1e-9)
-        if remaining is None or self.b == 1:
+        if self.remaining is None or self.b == 1:
             return sum(expected) / seconds
-        steps = steps or self.steps(remaining)
-        return saved_seconds(remaining, expected, steps) / seconds * self.b / max(steps[-1], 1e-9)
+        return saved_seconds(self.remaining, expected, self.steps) / seconds * self.b / max(self.steps[-1], 1e-9)
 
     def lost(self, seconds: float, tokens: float) -> float:
         """What a cycle of `seconds` committing `tokens` lost against plain steps."""
@@ -98,9 +92,9 @@ class Pricing:
     def realised_loss(self, record: CycleRecord) -> float:
         """What a cycle lost against the plain decoding it saved (a fixed batch: until its last row ends)."""
         committed = [accepted + 1 for accepted in record.accepted]
-        if record.offer.remaining is None:
+        if self.remaining is None:
             return self.lost(record.seconds, sum(committed))
-        return record.seconds - saved_seconds(record.offer.remaining, committed, step_curve(self.b, self.plain_step))
+        return record.seconds - saved_seconds(self.remaining, committed, self.steps)
 
     def wait_for(self, lost: float, settings: Settings) -> int:
         """Plain steps enough that `lost` seconds are at most the budget's share of their time."""
@@ -114,13 +108,15 @@ def unmeasured(costs: CostModel, settings: Settings, b: int) -> bool:
     return settings.mode == "auto" and (b, 1) not in costs.observed_s
 
 
-def expectations(tables: Tables, offer: Offer, optimism: float = 0.0) -> Expectations:
-    return {name: [expectations_by_length(p) for p in rows] for name, rows in _probabilities(tables, offer, optimism).items()}
-
-
 def _probabilities(tables: Tables, offer: Offer, optimism: float) -> dict[str, list[list[float]]]:
     return {name: [tables.of(name).probabilities(c, g, optimism) for c, g in zip(confidence, offer.greedy)]
             for name, confidence in offer.sources()}
+
+
+def expectations(tables: Tables, offer: Offer, optimism: float = 0.0, draft: bool = True) -> Expectations:
+    """Per source offered (the draft's only with `draft`) and row, [E(0), ..., E(T)]."""
+    return {name: [expectations_by_length(p) for p in rows]
+            for name, rows in _probabilities(tables, offer, optimism).items() if draft or name != "draft"}
 
 
 def trees(tables: Tables, offer: Offer, optimism: float = 0.0) -> list[list[tuple]] | None:
@@ -141,36 +137,35 @@ def trees(tables: Tables, offer: Offer, optimism: float = 0.0) -> list[list[tupl
     return out if any(out) else None
 
 
+def _row_best(rows: Expectations, tree: list[tuple] | None, r: int, k: int, drafts: int, every: bool) -> tuple:
+    """Row r's best at room k: (expected tokens, source, tokens verified, tree branches, second source)."""
+    top = (-1.0 if every else 1.0, "", 0, (0, 0), "")
+    for name, e in rows.items():
+        n = min(k, drafts, len(e[r]) - 1)
+        if e[r][n] > top[0] and n > 0:
+            top = (e[r][n], name, n, (0, 0), "")
+    if tree:
+        expected, nodes, n_draft, n_second, second = tree[min(k, len(tree) - 1)]
+        if expected > top[0] and nodes:
+            top = (expected, "tree", nodes, (n_draft, n_second), second)
+    return top
+
+
 def best(pricing: Pricing, rows: Expectations, drafts: int, drafted: bool, every: bool = False,
-         trees: list[list[tuple]] | None = None, optimistic: bool = False,
-         remaining: list[int] | None = None) -> Choice:
+         trees: list[list[tuple]] | None = None, optimistic: bool = False) -> Choice:
     """The k (0..drafts, or up to the widest tree) of the highest rate, each row taking its best
-    source at k; `every`: the largest k, every row verifying all its best option offers."""
-    b, room = pricing.b, max([drafts] + [len(t) - 1 for t in trees or []])
-    top, steps = None, pricing.steps(remaining)    # the first k's choice stands until one beats it
+    option at k; `every`: the largest k, every row verifying all its best option offers. The first
+    k's choice stands until one beats it."""
+    top, room = None, max([drafts] + [len(t) - 1 for t in trees or []])
     for k in ([room] if every else range(room + 1)):
-        per_row, sources, lengths, branches, seconds = [], [], [], [], []
-        for r in range(b):
-            row_best, source, length, branch, second = (-1.0 if every else 1.0), "", 0, (0, 0), ""
-            for name, e in rows.items():
-                n = min(k, drafts, len(e[r]) - 1)
-                if e[r][n] > row_best and n > 0:
-                    row_best, source, length = e[r][n], name, n
-            if trees and trees[r]:
-                tree_expected, nodes, n_draft, n_second, name = trees[r][min(k, len(trees[r]) - 1)]
-                if tree_expected > row_best and nodes:
-                    row_best, source, length, branch, second = tree_expected, "tree", nodes, (n_draft, n_second), name
-            per_row.append(max(row_best, 1.0))
-            sources.append(source)
-            lengths.append(length)
-            branches.append(branch)
-            seconds.append(second)
-        width = max(lengths, default=0)
-        rate = pricing.rate(per_row, pricing.cycle(width, drafted, optimistic), remaining, steps)
+        expected, sources, lengths, branches, seconds = zip(*(
+            _row_best(rows, trees[r] if trees else None, r, k, drafts, every) for r in range(pricing.b)))
+        expected = [max(e, 1.0) for e in expected]
+        rate = pricing.rate(expected, pricing.cycle(max(lengths), drafted, optimistic))
         if top is None or rate > top.rate:
             tree = "tree" in sources
-            top = Choice(width, sum(per_row), rate, tuple(sources), tuple(lengths),
-                         tuple(branches) if tree else (), tuple(seconds) if tree else ())
+            top = Choice(max(lengths), sum(expected), rate, sources, lengths, branches if tree else (),
+                         seconds if tree else ())
     return top
 
 
@@ -179,32 +174,28 @@ def choose(tables: Tables, costs: CostModel, settings: Settings, b: int, block: 
     """What to verify this cycle (see the module docstring); `draft_seconds`: this cycle's draft pass
     (weighed as the cost model will average it in; None: at the model's figure)."""
     drafts, drafted = block - 1, offer.draft is not None
-    pricing = Pricing(costs, b, costs.draft_after(b, draft_seconds) if drafted and draft_seconds is not None else None)
+    draft_s = costs.draft_after(b, draft_seconds) if drafted and draft_seconds is not None else None
+    pricing = Pricing(costs, b, draft_s, offer.remaining)
     if settings.mode == "always":
-        return best(pricing, expectations(tables, offer), drafts, drafted, every=True, trees=trees(tables, offer),
-                    remaining=offer.remaining)
+        return best(pricing, expectations(tables, offer), drafts, drafted, every=True, trees=trees(tables, offer))
     if unmeasured(costs, settings, b):
-        return best(pricing, {}, 0, drafted)
+        return best(Pricing(costs, b, draft_s), {}, 0, drafted)   # a plain step, rated in tokens per second
     if not drafted:
         return _lookup_choice(tables, pricing, settings, offer, drafts, lookup_probes)
     optimism = settings.optimism if probe else 0.0
     rows = expectations(tables, offer, optimism)
-    choice = best(pricing, rows, drafts, True, trees=trees(tables, offer, optimism), optimistic=probe,
-                  remaining=offer.remaining)
-    without = best(pricing, {n: e for n, e in rows.items() if n != "draft"}, drafts, False, optimistic=probe,
-                   remaining=offer.remaining)
+    choice = best(pricing, rows, drafts, True, trees=trees(tables, offer, optimism), optimistic=probe)
+    without = best(pricing, {n: e for n, e in rows.items() if n != "draft"}, drafts, False, optimistic=probe)
+    # what the draft cycle is measured against: the best choice without it, at the posterior mean
+    mean = best(pricing, expectations(tables, offer, draft=False), drafts, False) if probe else without
+    seconds = pricing.cycle(mean.k, drafted=False)
+    baseline = seconds - mean.rate * seconds / pricing.plain_rate()
     notes = {}
     if not probe:   # what the draft usually yields, for `worth_drafting`
         per_row = sum(row[min(choice.k, len(row) - 1)] for row in rows["draft"]) / max(len(rows["draft"]), 1)
-        notes = dict(draft_yield=(choice.k, per_row),
-                     draft_chosen=bool(choice.k and ("draft" in choice.sources or "tree" in choice.sources)))
-    # what the draft cycle is measured against: the best choice without it, at the posterior mean
-    mean = without if not probe or offer.lookup is None else best(
-        pricing, {n: e for n, e in expectations(tables, offer).items() if n != "draft"}, drafts, False,
-        remaining=offer.remaining)
-    seconds = pricing.cycle(mean.k, drafted=False)
-    baseline = seconds - mean.rate * seconds / pricing.plain_rate()
-    if choice.k == 0 or (probe and not choice.rate >= without.rate * (1 + settings.margin)):
+        notes = dict(draft_yield=(choice.k, per_row), draft_chosen=bool(choice.k and ("draft" in choice.sources
+                                                                                       or choice.has_tree)))
+    if choice.k == 0 or (probe and not choice.rate >= without.rate):
         return replace(without, baseline=baseline, **notes)   # the draft's pass is what the cycle loses
     return replace(choice, baseline=baseline, **notes)
 
@@ -214,13 +205,12 @@ def _lookup_choice(tables: Tables, pricing: Pricing, settings: Settings, offer: 
     """Lookup costs no pass: chosen at its mean; a lookup probe tries what only its optimistic bound
     (and the optimistic costs) would verify, then waits (at least `probes.length` cycles, doubling)."""
     rows = expectations(tables, offer)
-    choice = best(pricing, rows, drafts, False, remaining=offer.remaining)
+    choice = best(pricing, rows, drafts, False)
     if settings.mode != "auto" or offer.lookup is None:
         return choice
     if probes.waiting:
         return replace(choice, lookup_probes=probes.tick())
-    optimistic = best(pricing, expectations(tables, offer, settings.optimism), drafts, False, optimistic=True,
-                      remaining=offer.remaining)
+    optimistic = best(pricing, expectations(tables, offer, settings.optimism), drafts, False, optimistic=True)
     if optimistic.k <= choice.k:
         return choice
     expected = sum(max(rows[source][r][n], 1.0) if source else 1.0
@@ -234,14 +224,14 @@ def worth_drafting(tables: Tables, costs: CostModel, settings: Settings, b: int,
     """(run the draft pass, the skipped-draft back-off after this cycle or None: unchanged)."""
     if settings.mode != "auto" or offer.lookup is None:
         return True, None
-    pricing = Pricing(costs, b)
+    pricing = Pricing(costs, b, remaining=offer.remaining)
     lookup = expectations(tables, offer)
-    alone = best(pricing, lookup, block - 1, drafted=False, remaining=offer.remaining)
+    alone = best(pricing, lookup, block - 1, drafted=False)
     if outlook is None:    # the draft's first probe waits for a row lookup leaves uncovered
         return not all(alone.sources), None
     k, per_row = round(outlook[0]), outlook[1]
     mixed = [max(per_row, row[min(k, len(row) - 1)]) for row in lookup["lookup"]]
-    if pricing.rate(mixed, pricing.cycle(k, True), offer.remaining) > alone.rate:
+    if pricing.rate(mixed, pricing.cycle(k, True)) > alone.rate:
         return True, skips.cancel()
     skips = (skips if skips.waiting else skips.wait()).tick()   # the outlook ages: a pass now and then renews it
     return not skips.waiting, skips

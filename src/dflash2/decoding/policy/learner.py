@@ -1,25 +1,25 @@
-"""The speculation policy: when to speculate and how much to verify. The choice is `chooser`'s pure
-functions; `SpeculationPolicy` is the one object that learns, and only from cycle records.
+"""The speculation policy: `SpeculationPolicy` is the one object that learns, and only from cycle
+records; its choice is `chooser`'s pure functions.
 
 Contract:
 - `SpeculationPolicy(mode, costs, ...)` (the rest: `chooser.Settings`): `never` decodes plainly;
-  `always` drafts and verifies the whole block every cycle; `auto` verifies what pays for itself
-  and falls back to plain decoding while the draft does not.
+  `always` drafts and verifies the whole block every cycle; `auto` verifies what pays for itself and
+  falls back to plain decoding while the draft does not. `fresh()`: the same settings and cost model
+  (and its calibration store), nothing learnt.
 - `calibrate(target, block)`, at a batch's admission: the cost model's start-up figures (stored per
-  machine, `calibration`), once; True when it ran (its time is no cycle's).
-- `prepare(b, offer, block, can_draft)` -> `CyclePlan` (reads only): whether the cycle runs the
-  draft pass (not in a fallback, not at a batch size this run has not timed a plain step of, and,
-  with lookup's `offer` in hand, `chooser.worth_drafting`), whether it is a probe (the first draft
-  cycle, and the first after a fallback), and `choose`.
-- `observe(record)`, the only writer: acceptance tables, cost model (and a stale stored
-  calibration), the back-offs the plan and choice carry and, in `auto`, the evidence: each draft
-  cycle's gain (the plain decoding time it saved beyond `Choice.baseline`, less its own time, in
-  plain steps) goes into `GainEvidence`; the draft pass stops only when even the evidence's
-  optimistic bound is a loss, for long enough that what the draft cycles since the last fallback
-  lost on balance (`stretch`) is at most `budget` of the fallback's time, at least
-  `fallback.length` steps (doubling, back to the shortest while the evidence's mean is a gain).
-  So a draft that never pays costs at most `budget` of plain decoding's time after a few cycles.
-- `fresh()`: the same settings and cost model (and its calibration store), nothing learned.
+  machine, `costs.calibrate_cached`), once; True when it ran (its time is no cycle's).
+- `prepare(b, offer, block, can_draft)` -> `CyclePlan`, reading only: whether the cycle runs the draft
+  pass (not in a fallback, not at a batch size whose plain step this run has not timed, and, with
+  lookup's `offer` in hand, `chooser.worth_drafting`), whether it is a probe (the first draft cycle,
+  and the first after a fallback), and `choose`.
+- `observe(record)`, the only writer: acceptance tables, cost model (and a stale stored calibration),
+  the back-offs the plan and choice carry and, in `auto`, the evidence: each draft cycle's gain (the
+  plain decoding time it saved beyond `Choice.baseline`, less its own time, in plain steps) goes into
+  `GainEvidence`; the draft pass stops only when even the evidence's optimistic bound is a loss, for
+  long enough that what the draft cycles since the last fallback lost on balance (`stretch`) is at
+  most `budget` of the fallback's time, at least `fallback.length` steps (doubling, back to the
+  shortest while the evidence's mean is a gain). So a draft that never pays costs at most `budget`
+  of plain decoding's time after a few cycles.
 """
 from __future__ import annotations
 
@@ -27,10 +27,9 @@ import math
 from dataclasses import asdict, dataclass
 from functools import partial
 
-from dflash2.decoding.policy.calibration import calibrate_cached
 from dflash2.decoding.policy.chooser import (SPECULATE_MODES, Pricing, Settings, Tables, choose, unmeasured,
                                              worth_drafting)
-from dflash2.decoding.policy.costs import CostModel
+from dflash2.decoding.policy.costs import CostModel, calibrate_cached
 from dflash2.decoding.policy.cycle import LATTICE, Backoff, CyclePlan, CycleRecord, Offer
 from dflash2.decoding.policy.expectation import AcceptanceModel
 
@@ -41,9 +40,9 @@ DRAFT_SCALE_WEIGHT = 8.0   # the draft's confidence is a trained model's probabi
 @dataclass
 class GainEvidence:
     """What draft cycles gained, each in plain steps of its batch (+1.0: a step gained), clipped to
-    +-`clip`, exponentially weighted (`decay` per draft cycle, and per plain step by `age`), and shrunk
-    towards `prior` pseudo-cycles at gain 0 with spread `spread`: one or two cycles are weak evidence,
-    three that lose most of a plain step (or eight that lose a quarter) are strong."""
+    +-`clip`, exponentially weighted (`decay` per draft cycle and per plain step) and shrunk towards
+    `prior` pseudo-cycles at gain 0 with spread `spread`: one or two cycles are weak evidence, three
+    that lose most of a plain step (or eight that lose a quarter) are strong."""
     decay: float = 0.99
     prior: float = 4.0
     clip: float = 2.0
@@ -52,9 +51,8 @@ class GainEvidence:
     total: float = 0.0        # weighted sum of their gains
     squares: float = 0.0      # weighted sum of their squared gains
 
-    def age(self, steps: int = 1) -> None:
-        factor = self.decay ** steps
-        self.weight, self.total, self.squares = self.weight * factor, self.total * factor, self.squares * factor
+    def age(self) -> None:
+        self.weight, self.total, self.squares = self.weight * self.decay, self.total * self.decay, self.squares * self.decay
 
     def add(self, gain: float) -> None:
         self.age()
@@ -73,11 +71,10 @@ class GainEvidence:
 
 class SpeculationPolicy:
     def __init__(self, mode: str = "auto", costs: CostModel | None = None, min_backoff: int = 8,
-                 max_backoff: int = 512, budget: float = 0.02, optimism: float = 1.0, margin: float = 0.0,
-                 sources: int = 1):
+                 max_backoff: int = 512, budget: float = 0.02, optimism: float = 1.0, sources: int = 1):
         if mode not in SPECULATE_MODES:
             raise ValueError(f"speculate mode must be one of {', '.join(SPECULATE_MODES)}, got {mode!r}")
-        self.settings = Settings(mode, min_backoff, max_backoff, budget, optimism, margin, sources)
+        self.settings = Settings(mode, min_backoff, max_backoff, budget, optimism, sources)
         self.costs = costs or CostModel()
         self.tables = Tables(AcceptanceModel(scale_weight=DRAFT_SCALE_WEIGHT), AcceptanceModel(), AcceptanceModel())
         self.evidence = GainEvidence()
@@ -92,7 +89,7 @@ class SpeculationPolicy:
     def mode(self) -> str:
         return self.settings.mode
 
-    def fresh(self) -> "SpeculationPolicy":
+    def fresh(self) -> SpeculationPolicy:
         return SpeculationPolicy(costs=self.costs, **asdict(self.settings))
 
     def calibrate(self, target, block: int) -> bool:
@@ -102,19 +99,17 @@ class SpeculationPolicy:
         return True
 
     def prepare(self, b: int, offer: Offer, block: int, can_draft: bool = True) -> CyclePlan:
-        drafting = can_draft and block > 1
+        draft, probe, fallback, skips = can_draft and block > 1, False, False, None
         if self.mode != "auto":
-            return self._plan(b, block, self.mode == "always" and drafting)
-        if self.fallback.waiting:
-            return self._plan(b, block, False, fallback=True)
-        if unmeasured(self.costs, self.settings, b):
-            return self._plan(b, block, False)
-        draft, skips = worth_drafting(self.tables, self.costs, self.settings, b, block, offer, self.outlook,
-                                      self.draft_skips) if drafting else (False, None)
-        return self._plan(b, block, draft, probe=self.probing, skips=skips)
-
-    def _plan(self, b: int, block: int, draft: bool, probe: bool = False, fallback: bool = False,
-              skips: Backoff | None = None) -> CyclePlan:
+            draft = draft and self.mode == "always"
+        elif self.fallback.waiting:
+            draft, fallback = False, True
+        elif unmeasured(self.costs, self.settings, b):
+            draft = False
+        else:
+            draft, skips = worth_drafting(self.tables, self.costs, self.settings, b, block, offer, self.outlook,
+                                          self.draft_skips) if draft else (False, None)
+            probe = self.probing
         chooser = partial(choose, self.tables, self.costs, self.settings, b, block, probe, self.lookup_probes)
         return CyclePlan(draft, probe, fallback, skips, chooser)
 
@@ -158,7 +153,7 @@ class SpeculationPolicy:
                 self.tables.of(source).observe(offered[source][r], offer.greedy[r], verified, accepted)
 
     def _weigh(self, record: CycleRecord) -> None:
-        pricing = Pricing(self.costs, record.b)
+        pricing = Pricing(self.costs, record.b, remaining=record.offer.remaining)
         loss = pricing.realised_loss(record) - record.choice.baseline
         self.evidence.add(-loss / max(pricing.plain_step(), 1e-9))
         self.stretch = max(0.0, self.stretch + loss)
