@@ -9,16 +9,16 @@ import pytest
 
 from conftest import policy_choice
 from dflash2.decoding.policy.costs import CostModel
-from dflash2.decoding.policy.expectation import AcceptanceModel, expected_tokens
+from dflash2.decoding.policy.expectation import AcceptanceModel, expectations_by_length
 from dflash2.decoding.policy.chooser import Pricing, worth_drafting
 from dflash2.decoding.policy.cycle import Backoff, Choice, CyclePlan, CycleRecord, Offer
 from dflash2.decoding.policy import SpeculationPolicy
 
 
 def test_expected_tokens_is_one_plus_the_reach_probabilities():
-    assert expected_tokens([0.5, 0.5, 0.5], 0) == 1.0
-    assert expected_tokens([0.5, 0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
-    assert expected_tokens([1.0] * 7, 7) == 8.0
+    assert expectations_by_length([0.5, 0.5, 0.5])[0] == 1.0
+    assert expectations_by_length([0.5, 0.5, 0.5])[2] == pytest.approx(1 + 0.5 + 0.25)
+    assert expectations_by_length([1.0] * 7)[7] == 8.0
 
 
 def test_acceptance_model_learns_from_reached_positions_only():
@@ -327,9 +327,9 @@ def test_at_batch_8_lookup_is_not_verified_at_a_width_its_mean_does_not_pay_for(
     probe = plan.choose(offer)
     wait = probe.lookup_probes.left
     assert probe.k > 0 and wait > 0                                 # the bound is tried once ...
-    mean_rate = 8 * expected_tokens([0.35] * 7, probe.k) / pricing.cycle(probe.k, False)
+    mean_rate = 8 * expectations_by_length([0.35] * 7)[probe.k] / pricing.cycle(probe.k, False)
     assert mean_rate < pricing.plain_rate()                         # ... though at the mean it does not pay
-    lost = pricing.cycle(probe.k, False) - expected_tokens([0.35] * 7, probe.k) * 0.200
+    lost = pricing.cycle(probe.k, False) - expectations_by_length([0.35] * 7)[probe.k] * 0.200
     assert wait >= lost / (0.02 * 0.200) - 1                        # ... and budgeted by what it can lose
     policy.observe(CycleRecord(8, offer, plan, probe, False, list(probe.lengths), [0] * 8, probe.k + 1, 0.0,
                                costs.verify(8, probe.k + 1)))

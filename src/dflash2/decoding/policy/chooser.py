@@ -2,19 +2,16 @@
 writes (`learner.SpeculationPolicy` keeps the tables and costs, and learns).
 
 Contract:
-- `choose(tables, costs, settings, b, block, probe, lookup_probes, offer, draft_seconds)` -> `Choice`:
-  the room k and per row the source and tokens that maximise expected committed tokens per second,
-  rate(k) = sum_r max_s E_{r,s}(min(k, T_{r,s})) / (t_draft + t_verify(b, k + 1) + t_host), trees
-  priced by their nodes. A probe takes acceptances and costs at their optimistic bounds, other cycles
-  at the mean. A draft block that does not pay (k = 0, or a probe not paying even so) is verified
-  without the draft's tokens. A fixed batch (`Offer.remaining`) is rated by the plain decoding time
-  it saves per second. Lookup alone is chosen at its mean; when only its optimistic bound would
-  verify more, a lookup probe verifies that once and the next waits until what one can lose is
-  `budget` of the waiting cycles' time (`Choice.lookup_probes`).
-- `worth_drafting(...)`, before the draft pass, lookup's offer in hand: whether the draft at its usual
-  yield beats lookup alone, pass included (before it has a yield: whether lookup leaves a row
-  uncovered); one skipped `skips.length` times in a row runs anyway (the outlook ages).
-- `Pricing(costs, b, draft_s, remaining)`: the cost model read at batch b (plain step, a cycle, rates).
+- `choose(...)` -> `Choice`: the room k and per row the source and tokens that maximise expected
+  committed tokens per second, sum_r max_s E_{r,s}(min(k, T_{r,s})) / (t_draft + t_verify(b, k + 1)
+  + t_host), trees priced by their nodes; a fixed batch (`Offer.remaining`) by the plain decoding
+  time it saves per second. A probe takes acceptances and costs at their optimistic bounds. A draft
+  block that does not pay is verified without the draft's tokens. Lookup alone is chosen at its
+  mean; when only its optimistic bound would verify more, a lookup probe verifies that once and the
+  next waits until what one can lose is `budget` of the waiting cycles' time.
+- `worth_drafting(...)`, before the draft pass: whether the draft at its usual yield beats lookup
+  alone (before it has a yield: whether lookup leaves a row uncovered); a pass skipped
+  `skips.length` times in a row runs anyway.
 """
 from __future__ import annotations
 
@@ -32,9 +29,8 @@ Expectations = dict[str, list[list[float]]]   # source -> per row [E(0), ..., E(
 
 @dataclass(frozen=True)
 class Settings:
-    """`mode` (`SPECULATE_MODES`); back-offs from `min_backoff` to `max_backoff` cycles; `budget`: the
-    share of plain decoding's time exploration may lose, split between `sources` explored sources;
-    `optimism`: standard deviations a probe's bound adds."""
+    """Back-offs last `min_backoff` to `max_backoff` cycles; exploration may lose `budget` of plain
+    decoding's time, split between `sources`; a probe's bound adds `optimism` standard deviations."""
     mode: str = "auto"
     min_backoff: int = 8
     max_backoff: int = 512
@@ -45,7 +41,7 @@ class Settings:
 
 @dataclass(frozen=True)
 class Tables:
-    """The acceptance calibration of each source: the draft's, lookup's, the lattice's second path's."""
+    """Each source's acceptance calibration."""
     draft: AcceptanceModel
     lookup: AcceptanceModel
     lattice: AcceptanceModel
@@ -55,8 +51,8 @@ class Tables:
 
 
 class Pricing:
-    """The cost model read at batch b: the draft pass at `draft_s` (None: the model's figure), a fixed
-    batch's `remaining` tokens a row (None: a batch that refills; rated by tokens per second)."""
+    """The cost model read at batch b (the draft pass at `draft_s`; None: the model's figure) for a
+    fixed batch's `remaining` tokens a row (None: a batch that refills)."""
 
     def __init__(self, costs: CostModel, b: int, draft_s: float | None = None, remaining: list[int] | None = None):
         self.costs, self.b, self.remaining = costs, b, remaining
@@ -71,40 +67,38 @@ class Pricing:
         return self.b / max(self.plain_step(), 1e-9)
 
     def cycle(self, k: int, drafted: bool = True, optimistic: bool = False) -> float:
-        """A cycle verifying k tokens a row, with or without the draft pass (k = 0 and no pass: a plain step)."""
         if k == 0 and not drafted:
             return self.plain_step()
         return ((self.draft_s if drafted else 0.0) + self.costs.verify(self.b, k + 1, optimistic)
                 + self.costs.host(self.b, True))
 
     def rate(self, expected: list[float], seconds: float) -> float:
-        """Tokens per second; for a fixed batch (b > 1) the plain decoding time saved per second, in
-        plain decoding's tokens per second (so that the time until the last row ends is minimised)."""
+        """Tokens per second; a fixed batch (b > 1): the plain decoding time saved per second, in plain
+        decoding's tokens per second."""
         seconds = max(seconds, 1e-9)
         if self.remaining is None or self.b == 1:
             return sum(expected) / seconds
         return saved_seconds(self.remaining, expected, self.steps) / seconds * self.b / max(self.steps[-1], 1e-9)
 
     def lost(self, seconds: float, tokens: float) -> float:
-        """What a cycle of `seconds` committing `tokens` lost against plain steps."""
         return seconds - tokens / self.b * self.plain_step()
 
     def realised_loss(self, record: CycleRecord) -> float:
-        """What a cycle lost against the plain decoding it saved (a fixed batch: until its last row ends)."""
+        """What a cycle lost against the plain decoding it saved."""
         committed = [accepted + 1 for accepted in record.accepted]
         if self.remaining is None:
             return self.lost(record.seconds, sum(committed))
         return record.seconds - saved_seconds(self.remaining, committed, self.steps)
 
     def wait_for(self, lost: float, settings: Settings) -> int:
-        """Plain steps enough that `lost` seconds are at most the budget's share of their time."""
+        """Plain steps enough that `lost` is at most the budget's share of their time."""
         share = settings.budget / settings.sources
         return math.ceil(max(lost, 0.0) / max(share * self.plain_step(), 1e-12))
 
 
 def unmeasured(costs: CostModel, settings: Settings, b: int) -> bool:
-    """`auto` has not timed a plain step of b rows in this run: a figure only calibrated or predicted
-    would then decide unchecked, so the cycle is one (free against plain decoding)."""
+    """`auto` has not timed a plain step of b rows in this run: the cycle is one (free against plain
+    decoding), not a choice that an unchecked figure decides."""
     return settings.mode == "auto" and (b, 1) not in costs.observed_s
 
 
@@ -120,8 +114,8 @@ def expectations(tables: Tables, offer: Offer, optimism: float = 0.0, draft: boo
 
 
 def trees(tables: Tables, offer: Offer, optimism: float = 0.0) -> list[list[tuple]] | None:
-    """Per row and width the best tree (the draft's path with lookup's, or with the lattice's second
-    path, whose tokens before the fork are the draft's own); None when no row may verify one."""
+    """Per row and width the best tree: the draft's path with lookup's, or with the lattice's second
+    path (the draft's own tokens before the fork); None when no row may verify one."""
     if offer.draft is None or (offer.shared is None and offer.forks is None):
         return None
     p, out = _probabilities(tables, offer, optimism), []
@@ -153,9 +147,8 @@ def _row_best(rows: Expectations, tree: list[tuple] | None, r: int, k: int, draf
 
 def best(pricing: Pricing, rows: Expectations, drafts: int, drafted: bool, every: bool = False,
          trees: list[list[tuple]] | None = None, optimistic: bool = False) -> Choice:
-    """The k (0..drafts, or up to the widest tree) of the highest rate, each row taking its best
-    option at k; `every`: the largest k, every row verifying all its best option offers. The first
-    k's choice stands until one beats it."""
+    """The k (up to `drafts` or the widest tree) of the highest rate, each row at its best option;
+    `every`: the largest k, every row verifying all its best option offers."""
     top, room = None, max([drafts] + [len(t) - 1 for t in trees or []])
     for k in ([room] if every else range(room + 1)):
         expected, sources, lengths, branches, seconds = zip(*(
@@ -171,8 +164,7 @@ def best(pricing: Pricing, rows: Expectations, drafts: int, drafted: bool, every
 
 def choose(tables: Tables, costs: CostModel, settings: Settings, b: int, block: int, probe: bool,
            lookup_probes: Backoff, offer: Offer, draft_seconds: float | None = None) -> Choice:
-    """What to verify this cycle (see the module docstring); `draft_seconds`: this cycle's draft pass
-    (weighed as the cost model will average it in; None: at the model's figure)."""
+    """`draft_seconds`: this cycle's draft pass (None: the model's figure)."""
     drafts, drafted = block - 1, offer.draft is not None
     draft_s = costs.draft_after(b, draft_seconds) if drafted and draft_seconds is not None else None
     pricing = Pricing(costs, b, draft_s, offer.remaining)
@@ -190,20 +182,16 @@ def choose(tables: Tables, costs: CostModel, settings: Settings, b: int, block: 
     mean = best(pricing, expectations(tables, offer, draft=False), drafts, False) if probe else without
     seconds = pricing.cycle(mean.k, drafted=False)
     baseline = seconds - mean.rate * seconds / pricing.plain_rate()
-    notes = {}
-    if not probe:   # what the draft usually yields, for `worth_drafting`
-        per_row = sum(row[min(choice.k, len(row) - 1)] for row in rows["draft"]) / max(len(rows["draft"]), 1)
-        notes = dict(draft_yield=(choice.k, per_row), draft_chosen=bool(choice.k and ("draft" in choice.sources
-                                                                                       or choice.has_tree)))
+    per_row = sum(row[min(choice.k, len(row) - 1)] for row in rows["draft"]) / max(len(rows["draft"]), 1)
+    draft_yield = None if probe else (choice.k, per_row)     # what the draft usually yields, for `worth_drafting`
     if choice.k == 0 or (probe and not choice.rate >= without.rate):
-        return replace(without, baseline=baseline, **notes)   # the draft's pass is what the cycle loses
-    return replace(choice, baseline=baseline, **notes)
+        choice = without                                      # the draft's pass is what the cycle loses
+    return replace(choice, baseline=baseline, draft_yield=draft_yield)
 
 
 def _lookup_choice(tables: Tables, pricing: Pricing, settings: Settings, offer: Offer, drafts: int,
                    probes: Backoff) -> Choice:
-    """Lookup costs no pass: chosen at its mean; a lookup probe tries what only its optimistic bound
-    (and the optimistic costs) would verify, then waits (at least `probes.length` cycles, doubling)."""
+    """Lookup, which costs no pass, at its mean, or a lookup probe (see the module docstring)."""
     rows = expectations(tables, offer)
     choice = best(pricing, rows, drafts, False)
     if settings.mode != "auto" or offer.lookup is None:

@@ -1,32 +1,18 @@
-"""The cost model of a decoding cycle on this machine (the target's verify pass of q tokens for b rows,
-the draft pass, the host work around them) and its start-up calibration, stored per machine.
+"""The cost model of a cycle on this machine (the target's pass of q tokens for b rows, the draft
+pass, the host work around them) and its start-up calibration.
 
 Contract:
-- Verify figures come from two places, kept apart. Calibrated: `calibrate(target, block)` times
-  one-row passes of 1, block, 4 x block and 16 x block tokens (in the adapter's `aside()`), or
-  `load_calibration(table)` takes stored ones. Observed: `observe_verify(b, q, s)`, a moving average
-  per (b, q) that replaces the calibrated figure at once. `observe_draft`, `observe_host` likewise;
-  `draft_after(b, s)`: `draft(b)` once s is observed.
-- `verify(b, q)`: the figure for (b, q); else linear in q between the figures at batch b around q;
-  else the token curve (piecewise linear in n = b * q; flat below, the last slope above) scaled to
-  the nearest figure at batch b. `optimistic=True` (a probe's): a figure not observed in this run is
-  taken at most at what the observed ones alone predict. `draft(b)`, `host(b, spec)`: the nearest
-  measured batch size's.
-- `stale()`: a (b, q) observed `STALE_SAMPLES` times at a calibrated batch size differs from the
-  calibration's prediction by more than `STALE_FACTOR` either way (once a plain step and a wider pass
-  at one batch size were observed that often); `adopt_observed()` makes those the calibration.
-- `calibrate_cached(costs, target, block)` -> `StoredCalibration`: the start-up figures from
-  `cache_dir()/calibration/<key>.json` when stored less than `MAX_AGE_S` ago, else measured and
-  stored (atomically). The key covers CPU, cores, threads, torch, device, the target's config and
-  first weights, dtype and how a pass computes in it (the float32 LM head, `--exact-verify`), and
-  block; `DFLASH2_RECALIBRATE=1` measures again. `StoredCalibration.refresh(costs)`: when
-  `costs.stale()`, the observed figures replace the stored ones (the measurement's age kept). An
-  unreadable or unwritable cache, or a stored table without the plain step or a wider pass, is ignored.
+- Verify figures are calibrated (`calibrate` times one-row passes of 1, block, 4 and 16 x block
+  tokens) or observed (`observe_verify`: a moving average per (b, q), overriding the calibration).
+  `verify(b, q)`: that figure, else linear in q between figures at batch b, else the token curve
+  (piecewise linear in n = b * q) scaled to the nearest figure at batch b. `stale()`: the observed
+  figures contradict the calibration by more than `STALE_FACTOR`; `adopt_observed()` replaces it.
+- `calibrate_cached(costs, target, block)` -> `StoredCalibration`: the figures stored for this
+  machine and target (`files.calibration`) unless `DFLASH2_RECALIBRATE=1`, else measured and stored;
+  its `refresh(costs)` stores what the run observed once the stored figures are stale.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -34,16 +20,13 @@ from pathlib import Path
 
 import torch
 
-from dflash2.files.atomic import atomic_write
-from dflash2.files.cache import RECALIBRATE_ENV, cache_dir
-from dflash2.runtime.provenance import cpu_model
+from dflash2.files.cache import RECALIBRATE_ENV
+from dflash2.files.calibration import calibration_path, read_calibration, write_calibration
 
 EMA = 0.2
 CALIBRATION_SIZES = (1, 4, 16)  # times the block: the q of the start-up passes (plus q = 1)
 STALE_FACTOR = 1.5              # observed / calibrated beyond this (either way): the calibration is stale
 STALE_SAMPLES = 4               # ... once a (b, q) was observed this often
-MAX_AGE_S = 7 * 24 * 3600       # a stored calibration older than this is measured again
-FORMAT = 2
 
 VerifyTable = dict[tuple[int, int], float]   # (b, q) -> seconds
 
@@ -87,8 +70,7 @@ class CostModel:
         self.calibrated_s.update(table)
 
     def calibrate(self, target, block: int, context: int = 32, repeats: int = 2) -> None:
-        """Time one-row passes of 1, block, 4 x block and 16 x block tokens (as the context allows) on a
-        dummy context, the fastest of `repeats` each (a size's first pass is cold)."""
+        """On a dummy context, the fastest of `repeats` passes a size (a size's first pass is cold)."""
         room = target.max_positions - context
         sizes = [1] + [block * m for m in CALIBRATION_SIZES if block * m <= room]
         with target.aside():
@@ -105,6 +87,8 @@ class CostModel:
                 target.keep(torch.zeros(1, dtype=torch.long), q)
 
     def stale(self) -> bool:
+        """A (b, q) observed `STALE_SAMPLES` times at a calibrated batch size is off the calibration by
+        more than `STALE_FACTOR` either way."""
         seen = {(b, q) for (b, q), n in self.observed_n.items() if n >= STALE_SAMPLES}
         if not any(q > 1 and (b, 1) in seen for b, q in seen):
             return False   # both sides of the choice at one batch size, or wide passes alone would price
@@ -118,18 +102,18 @@ class CostModel:
         return False
 
     def adopt_observed(self) -> VerifyTable:
-        """The figures observed `STALE_SAMPLES` times or more, as the new calibration (the rest of a
-        calibration found wrong is not trusted either)."""
+        """The figures observed `STALE_SAMPLES` times or more replace the whole calibration."""
         self.calibrated_s = {key: self.observed_s[key] for key, n in self.observed_n.items() if n >= STALE_SAMPLES}
         return dict(self.calibrated_s)
 
     def verify(self, b: int, q: int, optimistic: bool = False) -> float:
+        """`optimistic`: a figure not observed in this run, at most what the observed ones predict."""
         figure = _predict(self.verify_s, b, q)
         if optimistic and self.observed_s and (b, q) not in self.observed_s:
             return min(figure, _predict(self.observed_s, b, q))
         return figure
 
-    def draft(self, b: int) -> float:
+    def draft(self, b: int) -> float:   # host(b, speculative) likewise: the nearest measured batch size's
         return _nearest(self.draft_s, b)
 
     def host(self, b: int, speculative: bool) -> float:
@@ -137,7 +121,7 @@ class CostModel:
 
 
 def _predict(table: VerifyTable, b: int, q: int) -> float:
-    """`verify(b, q)` from one table (see the module docstring); 0 from an empty one."""
+    """`verify(b, q)` from one table; 0 from an empty one."""
     if (b, q) in table:
         return table[(b, q)]
     same_b = sorted((qq, s) for (bb, qq), s in table.items() if bb == b)
@@ -156,8 +140,7 @@ def _predict(table: VerifyTable, b: int, q: int) -> float:
 
 
 def _on_curve(curve: list[tuple[int, float]], n: int) -> float:
-    """The piecewise-linear curve [(n, seconds)] at n: flat below its first point, the last segment's
-    slope (never negative) above its last."""
+    """The piecewise-linear curve [(n, seconds)] at n: flat below it, the last slope (>= 0) above."""
     if len(curve) == 1 or n <= curve[0][0]:
         return curve[0][1]
     if n >= curve[-1][0]:
@@ -177,69 +160,26 @@ def _nearest(table: dict[int, float], b: int) -> float:
     return table[nearest] * (b / nearest if nearest > b else 1.0)
 
 
-def calibration_key(target, block: int) -> str:
-    device, model = target.device, target.model
-    first = next(model.parameters()).detach().reshape(-1)[:64].float().cpu()
-    identity = {
-        "cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "threads": torch.get_num_threads(), "torch": torch.__version__, "device": str(device),
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "config": model.config.to_json_string(use_diff=False), "weights": first.numpy().tobytes().hex(),
-        "dtype": str(target.dtype), "block": block,
-        # how a pass computes at that precision: the float32 head (decoding.verifier.full_logits), query-by-query attention
-        "numerics": {"full_logits": bool(getattr(getattr(target, "full_logits", None), "active", False)),
-                     "exact_verify": bool(getattr(target, "exact_verify", False))},
-    }
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
-
-
 @dataclass
 class StoredCalibration:
     path: Path
-    measured_at: float          # when the full start-up measurement ran (time.time())
-
-    def read(self) -> VerifyTable | None:
-        """The stored figures, or None: none stored, unreadable, another format, too old, or without
-        a plain step or anything else (such a table cannot weigh the choice)."""
-        try:
-            stored = json.loads(self.path.read_text(encoding="utf-8"))
-            measured_at = float(stored["measured_at"])
-            table = {(int(b), int(q)): float(s) for b, q, s in stored["verify"]}
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        if stored.get("format") != FORMAT or not 0 <= time.time() - measured_at <= MAX_AGE_S:
-            return None
-        if not any(q == 1 for _, q in table) or not any(q > 1 for _, q in table):
-            return None
-        self.measured_at = measured_at
-        return table
-
-    def write(self, table: VerifyTable) -> None:
-        record = {"format": FORMAT, "measured_at": self.measured_at, "written_at": time.time(),
-                  "verify": [[b, q, s] for (b, q), s in sorted(table.items())]}
-        try:
-            with atomic_write(self.path, "w") as handle:
-                json.dump(record, handle)
-        except OSError:
-            pass  # a read-only or full cache: the figures still serve this run
+    measured_at: float          # when the start-up measurement ran (time.time())
 
     def refresh(self, costs: CostModel) -> bool:
         """Store what this run observed in place of a calibration it contradicts; True if it did."""
         if not costs.stale():
             return False
-        self.write(costs.adopt_observed())
+        write_calibration(self.path, costs.adopt_observed(), self.measured_at)
         return True
 
 
 def calibrate_cached(costs: CostModel, target, block: int) -> StoredCalibration:
-    store = StoredCalibration(cache_dir() / "calibration" / f"{calibration_key(target, block)}.json", time.time())
-    if os.environ.get(RECALIBRATE_ENV) != "1":
-        table = store.read()
-        if table is not None:
-            costs.load_calibration(table)
-            if costs.calibrated:
-                return store
+    path = calibration_path(target, block)
+    stored = read_calibration(path) if os.environ.get(RECALIBRATE_ENV) != "1" else None
+    costs.load_calibration(stored[0] if stored else {})
+    if stored and costs.calibrated:
+        return StoredCalibration(path, stored[1])
     costs.calibrate(target, block)
-    store.measured_at = time.time()
-    store.write(costs.calibrated_s)
+    store = StoredCalibration(path, time.time())
+    write_calibration(path, costs.calibrated_s, store.measured_at)
     return store

@@ -1,9 +1,6 @@
-"""The values a cycle passes between engine and policy; nothing here decides.
-
-What is offered (`Offer`), planned (`CyclePlan`, whose `choose` gives the `Choice`) and done
-(`CycleRecord`, all the policy learns from), and `Backoff`, every wait the policy keeps. Sources:
-"draft" and "lookup" verify alone; `LATTICE` (the draft's second path) only as a tree's branch.
-"""
+"""The values a cycle passes between engine and policy, deciding nothing: what is offered (`Offer`),
+planned (`CyclePlan`; its `choose` gives the `Choice`) and done (`CycleRecord`, all the policy
+learns from), and `Backoff`, every wait the policy keeps."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -16,8 +13,8 @@ SAMPLED_DRAFT_CONFIDENCE = 0.5   # all the policy sees of a sampled row's draft 
 
 @dataclass(frozen=True)
 class Backoff:
-    """A wait of `left` cycles; the next one lasts at least `length`, which doubles (up to `longest`)
-    each time a wait runs out and goes back to `shortest` on `relax()`."""
+    """A wait of `left` cycles; the next lasts at least `length`, which doubles (up to `longest`) when
+    a wait runs out and is back at `shortest` on `relax()`."""
     shortest: int
     longest: int
     length: int
@@ -61,8 +58,8 @@ class Offer:
     @classmethod
     def of(cls, greedy: list[bool], draft=None, lookup=None, shared=None, remaining=None, lattice=None,
            forks=None) -> Offer:
-        """The acceptance rule is exact only for a proposal chosen independently of the draft's random
-        draw: a sampled row offers a constant draft confidence and no tree."""
+        """A sampled row offers a constant draft confidence and no tree: the acceptance rule is exact
+        only for a proposal chosen independently of the draft's random draw."""
         def greedy_rows(values):
             return None if values is None else [v if g else None for v, g in zip(values, greedy)]
         if draft is not None:
@@ -75,12 +72,11 @@ class Offer:
 
 @dataclass(frozen=True)
 class Choice:
-    """Room for k tokens a row (the pass runs k + 1); per row the source ("draft", "lookup", "tree",
-    "" for none) and the tokens it verifies (a tree: its nodes, `branches` its two lengths,
-    `second_sources` its second branch's source); expected tokens and rate. `baseline`: what the best
-    choice without the draft was expected to lose against plain decoding (seconds). For the learner:
-    `lookup_probes` (that back-off after this choice; None: as it was), `draft_yield` (an ordinary
-    `auto` draft cycle's best k and expected tokens a row) and `draft_chosen` (that best used it)."""
+    """Room for k tokens a row; per row the source ("draft", "lookup", "tree", "" for none) and tokens
+    verified (a tree's nodes; `branches` its two lengths, `second_sources` its second branch's source).
+    `baseline`: what the best choice without the draft was expected to lose against plain decoding
+    (seconds). For the learner: `lookup_probes` (None: unchanged) and `draft_yield` (an ordinary
+    draft cycle's best k and expected tokens a row)."""
     k: int
     expected: float
     rate: float
@@ -91,7 +87,6 @@ class Choice:
     baseline: float = 0.0
     lookup_probes: Backoff | None = None
     draft_yield: tuple[int, float] | None = None
-    draft_chosen: bool = False
 
     @classmethod
     def nothing(cls, b: int) -> Choice:
@@ -125,8 +120,8 @@ class CyclePlan:
 
 @dataclass
 class CycleRecord:
-    """What one cycle did: per row the tokens verified and accepted (a tree row: per branch too), the
-    pass's width (tokens a row) and its times (draft pass, target pass, the rest)."""
+    """What one cycle did: per row tokens verified and accepted (a tree row's per branch too), the
+    pass's width (tokens a row) and its times."""
     b: int
     offer: Offer
     plan: CyclePlan

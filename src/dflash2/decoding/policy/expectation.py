@@ -1,23 +1,12 @@
 """What a cycle is expected to give: pure arithmetic of acceptance probabilities and plain-step times.
 
 Contract:
-- `AcceptanceModel`: P(a proposed token is accepted | it was reached, its confidence), per confidence
-  bin, greedy and sampled rows apart, as Beta counts learnt by `observe`; `probabilities(confidence,
-  greedy, optimism)`: each token's posterior mean plus `optimism` standard deviations. A bin's prior
-  is its mid confidence times the table's calibration so far (`scale`), so a young bin inherits how
-  the source's other bins turned out.
-- `expectations_by_length(p)`: E(k) = 1 + sum_{i<=k} prod_{j<=i} p_j for k = 0..len(p), the tokens a
-  cycle commits when k proposed tokens are verified (`expected_tokens(p, k)`: one of them).
-- `tree_options(draft, second, shared)`: a row's draft path and a second branch (lookup's, or the
-  lattice's second path) sharing their first `shared` tokens, verified as one tree -> per width w
-  (nodes below the anchor) the best (expected tokens, nodes, draft length, second length); at the
-  divergence at most one token is accepted; [] when one branch is a prefix of the other.
-  `best_per_width` picks per width the best of several.
-- A fixed batch ends when its last row does. `plain_seconds(remaining, step)`: plain decoding's time
-  for rows with `remaining[r]` tokens left, `step[n - 1]` a plain step of n rows; `saved_seconds`:
-  what a cycle committing `expected[r]` saves of it; `step_curve(b, seconds)`: `step` for 1..b rows
-  from `seconds(n)` at powers of two and b, never decreasing. Rating a fixed batch's cycle by saved
-  seconds per second is one step of policy improvement: in expectation its last row ends no later.
+- `AcceptanceModel`: P(a reached token is accepted | its confidence bin), greedy and sampled rows
+  apart, as Beta counts whose prior follows the table's calibration so far (`scale`).
+- `expectations_by_length(p)`: E(k) = 1 + sum_{i<=k} prod_{j<=i} p_j, the tokens a cycle commits
+  when k proposed tokens are verified; `tree_options`: the same for two branches as one tree.
+- A fixed batch ends with its last row: `saved_seconds` is what a cycle saves of the plain decoding
+  time that takes (rated per second: one step of policy improvement, the last row ends no later).
 """
 from __future__ import annotations
 
@@ -75,11 +64,9 @@ def expectations_by_length(probabilities: list[float], reach: float = 1.0, first
     return out
 
 
-def expected_tokens(probabilities: list[float], k: int) -> float:
-    return expectations_by_length(probabilities[:k])[-1]
-
-
 def tree_options(draft: list[float], second: list[float], shared: int) -> list[tuple[float, int, int, int]]:
+    """Two branches sharing their first `shared` tokens -> per width (nodes) the best (expected tokens,
+    nodes, draft length, second length); [] when one is a prefix of the other."""
     if shared >= min(len(draft), len(second)):
         return []
     reach, base = 1.0, 1.0
@@ -109,7 +96,7 @@ def best_per_width(options: list[tuple[list[tuple[float, int, int, int]], str]])
 
 
 def plain_seconds(remaining: list[float], step: list[float]) -> float:
-    """P(R) = sum_i (R_(i) - R_(i-1)) * step(b - i + 1), R sorted."""
+    """Plain decoding's time to finish rows with `remaining` tokens, `step[n - 1]` a step of n rows."""
     total, before, b = 0.0, 0.0, len(remaining)
     for i, r in enumerate(sorted(remaining)):
         total += (r - before) * step[b - i - 1]
@@ -123,6 +110,7 @@ def saved_seconds(remaining: list[float], expected: list[float], step: list[floa
 
 
 def step_curve(b: int, seconds: Callable[[int], float]) -> list[float]:
+    """A plain step of 1..b rows from `seconds(n)` at powers of two and b, never decreasing."""
     points = sorted({b} | {1 << i for i in range(b.bit_length()) if 1 << i < b})
     known = [(n, seconds(n)) for n in points]
     steps = [known[0][1]]

@@ -4,22 +4,17 @@ records; its choice is `chooser`'s pure functions.
 Contract:
 - `SpeculationPolicy(mode, costs, ...)` (the rest: `chooser.Settings`): `never` decodes plainly;
   `always` drafts and verifies the whole block every cycle; `auto` verifies what pays for itself and
-  falls back to plain decoding while the draft does not. `fresh()`: the same settings and cost model
-  (and its calibration store), nothing learnt.
-- `calibrate(target, block)`, at a batch's admission: the cost model's start-up figures (stored per
-  machine, `costs.calibrate_cached`), once; True when it ran (its time is no cycle's).
-- `prepare(b, offer, block, can_draft)` -> `CyclePlan`, reading only: whether the cycle runs the draft
-  pass (not in a fallback, not at a batch size whose plain step this run has not timed, and, with
-  lookup's `offer` in hand, `chooser.worth_drafting`), whether it is a probe (the first draft cycle,
-  and the first after a fallback), and `choose`.
+  falls back to plain decoding while the draft does not. `fresh()`: the same settings and cost
+  model, nothing learnt. `calibrate(target, block)`: the cost model's start-up figures, once.
+- `prepare(b, offer, block, can_draft)` -> `CyclePlan`, reading only: the draft pass runs unless in a
+  fallback, at a batch size whose plain step is untimed, or not `worth_drafting`; the first draft
+  cycle, and the first after a fallback, is a probe.
 - `observe(record)`, the only writer: acceptance tables, cost model (and a stale stored calibration),
-  the back-offs the plan and choice carry and, in `auto`, the evidence: each draft cycle's gain (the
-  plain decoding time it saved beyond `Choice.baseline`, less its own time, in plain steps) goes into
-  `GainEvidence`; the draft pass stops only when even the evidence's optimistic bound is a loss, for
-  long enough that what the draft cycles since the last fallback lost on balance (`stretch`) is at
-  most `budget` of the fallback's time, at least `fallback.length` steps (doubling, back to the
-  shortest while the evidence's mean is a gain). So a draft that never pays costs at most `budget`
-  of plain decoding's time after a few cycles.
+  back-offs and, in `auto`, `GainEvidence` of each draft cycle's gain (the plain decoding time it
+  saved beyond `Choice.baseline`, less its own time, in plain steps). The draft pass stops only when
+  even the evidence's optimistic bound is a loss, for long enough that what the draft cycles since
+  the last fallback lost (`stretch`) is `budget` of the fallback's time, at least `fallback.length`
+  steps: a draft that never pays costs at most `budget` of plain decoding's time.
 """
 from __future__ import annotations
 
@@ -35,38 +30,33 @@ from dflash2.decoding.policy.expectation import AcceptanceModel
 
 DRAFT_SCALE_WEIGHT = 8.0   # the draft's confidence is a trained model's probability: its table-wide calibration
                            # moves only as evidence worth 8 reached tokens says (lookup's heuristic one: 2)
+DECAY, PRIOR, CLIP = 0.99, 4.0, 2.0   # `GainEvidence`: weight per cycle, pseudo-cycles at gain 0, largest |gain|
 
 
 @dataclass
 class GainEvidence:
-    """What draft cycles gained, each in plain steps of its batch (+1.0: a step gained), clipped to
-    +-`clip`, exponentially weighted (`decay` per draft cycle and per plain step) and shrunk towards
-    `prior` pseudo-cycles at gain 0 with spread `spread`: one or two cycles are weak evidence, three
-    that lose most of a plain step (or eight that lose a quarter) are strong."""
-    decay: float = 0.99
-    prior: float = 4.0
-    clip: float = 2.0
-    spread: float = 1.0
+    """Draft cycles' gains in plain steps (+1.0: a step gained), clipped, weighted by `DECAY` per draft
+    cycle and plain step, shrunk towards `PRIOR` cycles at gain 0 (spread 1): one or two cycles are
+    weak evidence, three that lose most of a plain step (or eight that lose a quarter) strong."""
     weight: float = 0.0       # sum of the weights of the cycles seen
     total: float = 0.0        # weighted sum of their gains
     squares: float = 0.0      # weighted sum of their squared gains
 
     def age(self) -> None:
-        self.weight, self.total, self.squares = self.weight * self.decay, self.total * self.decay, self.squares * self.decay
+        self.weight, self.total, self.squares = self.weight * DECAY, self.total * DECAY, self.squares * DECAY
 
     def add(self, gain: float) -> None:
         self.age()
-        gain = max(-self.clip, min(self.clip, gain))
+        gain = max(-CLIP, min(CLIP, gain))
         self.weight, self.total, self.squares = self.weight + 1.0, self.total + gain, self.squares + gain * gain
 
     def mean(self) -> float:
-        return self.total / (self.weight + self.prior)
+        return self.total / (self.weight + PRIOR)
 
     def upper(self, z: float) -> float:
         """The mean plus `z` standard errors."""
-        n = self.weight + self.prior
-        mean = self.total / n
-        return mean + z * math.sqrt(max((self.squares + self.prior * self.spread ** 2) / n - mean * mean, 0.0) / n)
+        n, mean = self.weight + PRIOR, self.mean()
+        return mean + z * math.sqrt(max((self.squares + PRIOR) / n - mean * mean, 0.0) / n)
 
 
 class SpeculationPolicy:
@@ -124,7 +114,7 @@ class SpeculationPolicy:
         if choice.draft_yield is not None:   # the draft's usual yield: a moving average
             self.outlook = (float(choice.draft_yield[0]), choice.draft_yield[1]) if self.outlook is None else tuple(
                 0.8 * old + 0.2 * new for old, new in zip(self.outlook, choice.draft_yield))
-            if choice.draft_chosen:
+            if "draft" in choice.sources or choice.has_tree:   # the draft was chosen
                 self.draft_skips = self.draft_skips.relax()
         if choice.lookup_probes is not None:
             self.lookup_probes = choice.lookup_probes
