@@ -1,17 +1,13 @@
 """The speculation policy's choice, as pure functions of (tables, costs, settings, offer): nothing here
 writes (`learner.SpeculationPolicy` keeps the tables and costs, and learns).
 
-Contract:
-- `choose(...)` -> `Choice`: the room k and per row the source and tokens that maximise expected
-  committed tokens per second, sum_r max_s E_{r,s}(min(k, T_{r,s})) / (t_draft + t_verify(b, k + 1)
-  + t_host), trees priced by their nodes; a fixed batch (`Offer.remaining`) by the plain decoding
-  time it saves per second. A probe takes acceptances and costs at their optimistic bounds. A draft
-  block that does not pay is verified without the draft's tokens. Lookup alone is chosen at its
-  mean; when only its optimistic bound would verify more, a lookup probe verifies that once and the
-  next waits until what one can lose is `budget` of the waiting cycles' time.
-- `worth_drafting(...)`, before the draft pass: whether the draft at its usual yield beats lookup
-  alone (before it has a yield: whether lookup leaves a row uncovered); a pass skipped
-  `skips.length` times in a row runs anyway.
+Contract: `choose(...)` -> `Choice`: the room k and per row the source and tokens that maximise the
+expected committed tokens per second, sum_r max_s E_{r,s}(min(k, T_{r,s})) / (t_draft + t_verify(b,
+k + 1) + t_host), trees priced by their nodes (a fixed batch, `Offer.remaining`: the plain decoding
+time saved per second). A probe takes acceptances and costs at their optimistic bounds; a draft
+block that does not pay is verified without the draft's tokens; lookup alone is chosen at its mean,
+and what only its optimistic bound would verify is probed as the exploration `budget` allows.
+`worth_drafting(...)`: whether the draft pass, at its usual yield, would beat lookup alone.
 """
 from __future__ import annotations
 
@@ -24,6 +20,7 @@ from dflash2.decoding.policy.expectation import (AcceptanceModel, best_per_width
                                                  saved_seconds, step_curve, tree_options)
 
 SPECULATE_MODES = ("auto", "always", "never")
+Tables = dict[str, AcceptanceModel]           # source ("draft", "lookup", LATTICE) -> its acceptance calibration
 Expectations = dict[str, list[list[float]]]   # source -> per row [E(0), ..., E(T)]
 
 
@@ -37,17 +34,6 @@ class Settings:
     budget: float = 0.02
     optimism: float = 1.0
     sources: int = 1
-
-
-@dataclass(frozen=True)
-class Tables:
-    """Each source's acceptance calibration."""
-    draft: AcceptanceModel
-    lookup: AcceptanceModel
-    lattice: AcceptanceModel
-
-    def of(self, source: str) -> AcceptanceModel:
-        return {"draft": self.draft, "lookup": self.lookup, LATTICE: self.lattice}[source]
 
 
 class Pricing:
@@ -103,7 +89,7 @@ def unmeasured(costs: CostModel, settings: Settings, b: int) -> bool:
 
 
 def _probabilities(tables: Tables, offer: Offer, optimism: float) -> dict[str, list[list[float]]]:
-    return {name: [tables.of(name).probabilities(c, g, optimism) for c, g in zip(confidence, offer.greedy)]
+    return {name: [tables[name].probabilities(c, g, optimism) for c, g in zip(confidence, offer.greedy)]
             for name, confidence in offer.sources()}
 
 
@@ -125,7 +111,7 @@ def trees(tables: Tables, offer: Offer, optimism: float = 0.0) -> list[list[tupl
             options.append((tree_options(draft, p["lookup"][r], offer.shared[r]), "lookup"))
         if offer.forks is not None and offer.forks[r] is not None:
             fork = offer.forks[r]
-            second = draft[:fork] + tables.lattice.probabilities(offer.lattice[r][fork:], True, optimism)
+            second = draft[:fork] + tables[LATTICE].probabilities(offer.lattice[r][fork:], True, optimism)
             options.append((tree_options(draft, second, fork), LATTICE))
         out.append(best_per_width(options))
     return out if any(out) else None

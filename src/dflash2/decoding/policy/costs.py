@@ -1,15 +1,12 @@
 """The cost model of a cycle on this machine (the target's pass of q tokens for b rows, the draft
 pass, the host work around them) and its start-up calibration.
 
-Contract:
-- Verify figures are calibrated (`calibrate` times one-row passes of 1, block, 4 and 16 x block
-  tokens) or observed (`observe_verify`: a moving average per (b, q), overriding the calibration).
-  `verify(b, q)`: that figure, else linear in q between figures at batch b, else the token curve
-  (piecewise linear in n = b * q) scaled to the nearest figure at batch b. `stale()`: the observed
-  figures contradict the calibration by more than `STALE_FACTOR`; `adopt_observed()` replaces it.
-- `calibrate_cached(costs, target, block)` -> `StoredCalibration`: the figures stored for this
-  machine and target (`files.calibration`) unless `DFLASH2_RECALIBRATE=1`, else measured and stored;
-  its `refresh(costs)` stores what the run observed once the stored figures are stale.
+Contract: verify figures are calibrated (`calibrate`: one-row passes of 1, block, 4 and 16 x block
+tokens; `calibrate_cached`: stored per machine and target, `files.calibration`) or observed
+(`observe_verify`: a moving average per (b, q) that overrides the calibration). `verify(b, q)`: that
+figure, else linear in q between figures at batch b, else the token curve (piecewise linear in
+n = b * q) scaled to the nearest figure at batch b. `stale()`: the observed figures contradict the
+calibration; the stored one's `refresh(costs)` then replaces it with them (`adopt_observed()`).
 """
 from __future__ import annotations
 

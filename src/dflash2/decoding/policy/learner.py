@@ -1,20 +1,14 @@
 """The speculation policy: `SpeculationPolicy` is the one object that learns, and only from cycle
 records; its choice is `chooser`'s pure functions.
 
-Contract:
-- `SpeculationPolicy(mode, costs, ...)` (the rest: `chooser.Settings`): `never` decodes plainly;
-  `always` drafts and verifies the whole block every cycle; `auto` verifies what pays for itself and
-  falls back to plain decoding while the draft does not. `fresh()`: the same settings and cost
-  model, nothing learnt. `calibrate(target, block)`: the cost model's start-up figures, once.
-- `prepare(b, offer, block, can_draft)` -> `CyclePlan`, reading only: the draft pass runs unless in a
-  fallback, at a batch size whose plain step is untimed, or not `worth_drafting`; the first draft
-  cycle, and the first after a fallback, is a probe.
-- `observe(record)`, the only writer: acceptance tables, cost model (and a stale stored calibration),
-  back-offs and, in `auto`, `GainEvidence` of each draft cycle's gain (the plain decoding time it
-  saved beyond `Choice.baseline`, less its own time, in plain steps). The draft pass stops only when
-  even the evidence's optimistic bound is a loss, for long enough that what the draft cycles since
-  the last fallback lost (`stretch`) is `budget` of the fallback's time, at least `fallback.length`
-  steps: a draft that never pays costs at most `budget` of plain decoding's time.
+Contract: `SpeculationPolicy(mode, costs, ...)` (the rest: `chooser.Settings`): `never` decodes
+plainly, `always` verifies the whole block every cycle, `auto` what pays for itself.
+`prepare(b, offer, block, can_draft)` -> `CyclePlan`, reading only; `observe(record)`, the only
+writer: tables, costs, back-offs, and in `auto` `GainEvidence` of each draft cycle's gain (the plain
+decoding time it saved beyond `Choice.baseline`, less its own, in plain steps). The draft pass stops
+only when even the evidence's optimistic bound is a loss, until what the draft cycles since the
+last fallback lost (`stretch`) is `budget` of the fallback's time: a draft that never pays costs at
+most `budget` of plain decoding's time. The first draft cycle, and the first after a fallback, probe.
 """
 from __future__ import annotations
 
@@ -66,7 +60,8 @@ class SpeculationPolicy:
             raise ValueError(f"speculate mode must be one of {', '.join(SPECULATE_MODES)}, got {mode!r}")
         self.settings = Settings(mode, min_backoff, max_backoff, budget, optimism, sources)
         self.costs = costs or CostModel()
-        self.tables = Tables(AcceptanceModel(scale_weight=DRAFT_SCALE_WEIGHT), AcceptanceModel(), AcceptanceModel())
+        self.tables: Tables = {"draft": AcceptanceModel(scale_weight=DRAFT_SCALE_WEIGHT), "lookup": AcceptanceModel(),
+                               LATTICE: AcceptanceModel()}
         self.evidence = GainEvidence()
         self.stretch = 0.0               # seconds the draft cycles since the last fallback lost, on balance
         self.probing = True              # the next draft pass is a probe
@@ -80,9 +75,11 @@ class SpeculationPolicy:
         return self.settings.mode
 
     def fresh(self) -> SpeculationPolicy:
+        """The same settings and cost model (its calibration store too), nothing learnt."""
         return SpeculationPolicy(costs=self.costs, **asdict(self.settings))
 
     def calibrate(self, target, block: int) -> bool:
+        """The cost model's start-up figures, once (True: measured or read now; not a cycle's time)."""
         if self.mode != "auto" or self.costs.calibrated or block < 2:
             return False
         self.costs.store = calibrate_cached(self.costs, target, block)
@@ -133,14 +130,14 @@ class SpeculationPolicy:
         for r, (source, verified, accepted) in enumerate(zip(choice.sources, record.verified, record.accepted)):
             if source == "tree":      # each branch calibrates its own source
                 (n_draft, n_second), (draft_accepted, second_accepted) = choice.branches[r], record.branch_accepted[r]
-                self.tables.draft.observe(offer.draft[r], True, n_draft, draft_accepted)
+                self.tables["draft"].observe(offer.draft[r], True, n_draft, draft_accepted)
                 fork = offer.forks[r] if choice.second_source(r) == LATTICE else None
                 if fork is None:
-                    self.tables.lookup.observe(offer.lookup[r], True, n_second, second_accepted)
+                    self.tables["lookup"].observe(offer.lookup[r], True, n_second, second_accepted)
                 elif second_accepted >= fork:   # the lattice's own tokens, reached once the shared ones were accepted
-                    self.tables.lattice.observe(offer.lattice[r][fork:], True, n_second - fork, second_accepted - fork)
+                    self.tables[LATTICE].observe(offer.lattice[r][fork:], True, n_second - fork, second_accepted - fork)
             elif source and verified:
-                self.tables.of(source).observe(offered[source][r], offer.greedy[r], verified, accepted)
+                self.tables[source].observe(offered[source][r], offer.greedy[r], verified, accepted)
 
     def _weigh(self, record: CycleRecord) -> None:
         pricing = Pricing(self.costs, record.b, remaining=record.offer.remaining)
