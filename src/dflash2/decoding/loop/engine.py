@@ -46,64 +46,17 @@ from dflash2.decoding.policy.cycle import CycleRecord, Offer
 from dflash2.decoding.policy import SpeculationPolicy
 from dflash2.decoding.proposers.draft import Drafter, Proposal
 from dflash2.decoding.proposers import kinds
+from dflash2.decoding.loop.requests import Event, GenerationConfig, GenerationResult
 from dflash2.decoding.loop.sampling import RowSampling
 from dflash2.decoding.loop.stats import BatchTiming, Commit, RowStats
 from dflash2.decoding.loop.timing import CycleTimer, Stopwatch
 from dflash2.decoding.proposers.tree import kept_nodes, path_nodes, tree_greedy_accept
 from dflash2.decoding.verifier.adapter import TargetAdapter
-from dflash2.errors import SettingError, require
+from dflash2.errors import require
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.families import family_of
 from dflash2.model.mtp import MtpHead
 from dflash2.runtime.rng import ACCEPT, TOKEN, row_seed, sample_from, uniforms
-
-
-@dataclass
-class GenerationConfig:
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    block_size: int | None = None          # None: the draft's own block size
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int = 0
-
-    def validate(self) -> None:
-        """Raise `SettingError` (the field's name, what is wrong) for the first bad field."""
-        checks = (
-            ("max_new_tokens", isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0, "a positive integer"),
-            ("temperature", isinstance(self.temperature, (int, float)) and self.temperature >= 0
-             and self.temperature != float("inf"), "a finite number >= 0"),
-            ("top_p", isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "in (0, 1]"),
-            ("top_k", isinstance(self.top_k, int) and self.top_k >= 0, "an integer >= 0"),
-            ("block_size", self.block_size is None or (isinstance(self.block_size, int) and self.block_size >= 2),
-             "an integer >= 2"),
-            ("seed", isinstance(self.seed, int), "an integer"))
-        for name, ok, wanted in checks:
-            if not ok:
-                raise SettingError(name, f"must be {wanted}, got {getattr(self, name)!r}")
-
-
-@dataclass
-class GenerationResult:
-    tokens: list[int]
-    finish_reason: str      # "stop" or "length"
-    stats: RowStats
-    timing: BatchTiming
-
-
-@dataclass
-class Event:
-    """What one cycle did for one request: `commit.tokens` were committed (the first
-    `commit.accepted` of them accepted proposed tokens, from `commit.source`); `result` is set when
-    the request finished."""
-    key: int
-    commit: Commit
-    result: GenerationResult | None = None
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.commit.tokens
 
 
 @dataclass
@@ -229,12 +182,9 @@ class DecodeSession:
         request seeded s uses seed `row_seed(s, i)`, i its index in `prompts`."""
         self.decoder.check(prompts, config)
         require(not (self.fixed and self.rows), "a fixed batch takes no requests once it runs")
-        keys = []
-        for index, prompt in enumerate(prompts):
-            key = next(self._keys)
-            row_config = GenerationConfig(**{**config.__dict__, "seed": row_seed(config.seed, index)})
-            self._pending.append((key, list(prompt), row_config))
-            keys.append(key)
+        keys = [next(self._keys) for _ in prompts]
+        self._pending += [(key, list(prompt), replace(config, seed=row_seed(config.seed, index)))
+                          for index, (key, prompt) in enumerate(zip(keys, prompts))]
         return keys
 
     def cancel(self, key: int) -> None:
@@ -286,10 +236,10 @@ class DecodeSession:
         return self._commit(new_rows, [Commit([int(t)]) for t in first.tolist()], first_token=True)
 
     def _cycle(self) -> list[Event]:
-        """Propose a block per row (lookup, draft), verify every row's block in one target pass, accept
-        each row's longest correct prefix, keep it in the caches and let the policy learn from it."""
+        """One round: propose -> choose -> verify -> accept -> keep -> commit and observe."""
         b, timer = len(self.rows), CycleTimer(self.watch)
         start = self.target.next_position.clone()                  # [b] each row's anchor position
+        # 1. propose: lookup's tokens, then the draft's block if the plan runs its pass
         lookups, offer = self._look_up()
         plan = self.policy.prepare(b, offer, self.block, can_draft=self.proposer is not None)
         proposal = None
@@ -298,12 +248,14 @@ class DecodeSession:
                 proposal = self.proposer.propose(self.anchors, start, self.block, self.sampling.temperature,
                                                  self.sampling.seed)
             offer = self._with_draft(offer, proposal, lookups)
+        # 2. choose what each row verifies, and verify every row's block in one target pass
         with self.watch("policy"):
             choice = plan.choose(offer, timer.seconds["draft"])
         block = assemble(choice, self.anchors, [self.decoder.block_size(row.config) - 1 for row in self.rows],
                          proposal, lookups)
         with timer("verify", phase="verify"):
             logits, features = self.target.verify(block.ids, block.tree)
+        # 3. accept each row's longest correct prefix and keep it in the caches (the draft's too)
         with self.watch("accept"):
             accepted, bonus, branch, per_branch = self._accept(block, logits, start)
         with self.watch("realign"):                                # roll back rejected slots, re-align rows
@@ -311,6 +263,7 @@ class DecodeSession:
             if self.proposer is not None:
                 self.proposer.append(features, accepted + 1, start, defer=proposal is None,
                                      following=cycle_following(path, accepted, bonus))
+        # 4. commit each row's tokens, and let the policy learn from what the cycle did
         with self.watch("host"):                                   # one host copy per tensor, not per row
             accepted_list, bonus_list = accepted.tolist(), bonus.tolist()
             branch_list = [0] * b if branch is None else branch.tolist()
@@ -339,12 +292,14 @@ class DecodeSession:
         return lookups, Offer.of(greedy, lookup=[found.confidence for found in lookups], remaining=remaining)
 
     def _with_draft(self, offer: Offer, proposal: Proposal, lookups: list[Lookup] | None) -> Offer:
-        """The offer once the draft has proposed: its confidence, where it shares a prefix with lookup's
-        proposal, and its lattice's second path (both as trees, on targets that can verify them)."""
-        tokens, second = proposal.tokens, proposal.second if self.target.supports_trees else None
-        confidence = ([[1.0] * tokens.shape[1]] * tokens.shape[0] if proposal.confidence is None   # none given: 1.0
-                      else proposal.confidence.tolist())
-        return Offer.of(offer.greedy, confidence, offer.lookup, self._shared(proposal, lookups), offer.remaining,
+        """The offer once the draft has proposed: its confidence (1.0 where it gives none) and, on targets
+        that verify trees, what its tokens share at their start with lookup's and its second path."""
+        tokens, trees = proposal.tokens.tolist(), self.target.supports_trees
+        confidence = [[1.0] * len(t) for t in tokens] if proposal.confidence is None else proposal.confidence.tolist()
+        shared = None if lookups is None or not trees else [
+            _common_start(t, found.tokens) if found.tokens else None for t, found in zip(tokens, lookups)]
+        second = proposal.second if trees else None
+        return Offer.of(offer.greedy, confidence, offer.lookup, shared, offer.remaining,
                         None if second is None else second.confidence.tolist(),
                         None if second is None else second.fork.tolist())
 
@@ -360,16 +315,6 @@ class DecodeSession:
         if features is not None:
             features = features.gather(1, nodes[:, :, None].expand(-1, -1, features.shape[-1]))   # [b, L + 1, H]
         return features, block.ids.gather(1, nodes)
-
-    def _shared(self, proposal: Proposal, lookups: list[Lookup] | None) -> list[int | None] | None:
-        """Per row, the tokens the draft's and lookup's proposals share at their start, where both
-        may be verified as one tree (a target that can verify trees, a lookup match); else None."""
-        if lookups is None or not self.target.supports_trees:
-            return None
-        def common(a: list[int], b: list[int]) -> int:
-            return next((n for n, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        return [common(draft, found.tokens) if found.tokens else None
-                for draft, found in zip(proposal.tokens.tolist(), lookups)]
 
     def _pick(self, logits: torch.Tensor, sampling: RowSampling, positions: torch.Tensor) -> torch.Tensor:
         """One target token per row from logits [n, V]: argmax, or a sample from the processed p."""
@@ -455,12 +400,14 @@ class DecodeSession:
         self._cancelled.clear()
 
 
+def _common_start(a: list[int], b: list[int]) -> int:
+    return next((n for n, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def _truncate(tokens: list[int], room: int, stop_ids: tuple[int, ...]) -> tuple[list[int], str | None]:
-    """Cut a cycle's tokens at the first stop token (kept) or after `room` tokens."""
-    for i, token in enumerate(tokens[:room]):
-        if token in stop_ids:
-            return tokens[: i + 1], "stop"
-    if len(tokens) >= room:
-        return tokens[:room], "length"
-    return tokens, None
+    """Cut a cycle's tokens at the first stop token (kept) or after `room` tokens; why the row ends, if it does."""
+    stop = next((i + 1 for i, token in enumerate(tokens[:room]) if token in stop_ids), None)
+    if stop is not None:
+        return tokens[:stop], "stop"
+    return tokens[:room], "length" if len(tokens) >= room else None
 
