@@ -110,7 +110,8 @@ class CostModel:
             return min(figure, _predict(self.observed_s, b, q))
         return figure
 
-    def draft(self, b: int) -> float:   # host(b, speculative) likewise: the nearest measured batch size's
+    def draft(self, b: int) -> float:
+        """The figure at the nearest measured batch size (`host` likewise)."""
         return _nearest(self.draft_s, b)
 
     def host(self, b: int, speculative: bool) -> float:
@@ -148,7 +149,7 @@ def _on_curve(curve: list[tuple[int, float]], n: int) -> float:
 
 
 def _nearest(table: dict[int, float], b: int) -> float:
-    """The figure at batch b, else at the nearest measured batch size scaled by b / b', else 0."""
+    """The figure at batch b, else at the nearest measured b' (scaled by b / b' when b' > b), else 0."""
     if b in table:
         return table[b]
     if not table:

@@ -35,6 +35,7 @@ class AcceptanceModel:
         return min(int(confidence * self.bins), self.bins - 1)
 
     def probabilities(self, confidence: list[float], greedy: bool, optimism: float = 0.0) -> list[float]:
+        """Each token's posterior mean plus `optimism` standard deviations."""
         table, scale, out = self.counts.get(greedy) or self._prior(), self.scale(greedy), []
         for c in confidence:
             i = self._bin(c)

@@ -50,7 +50,7 @@ class GainEvidence:
     def upper(self, z: float) -> float:
         """The mean plus `z` standard errors."""
         n, mean = self.weight + PRIOR, self.mean()
-        return mean + z * math.sqrt(max((self.squares + PRIOR) / n - mean * mean, 0.0) / n)
+        return mean + z * math.sqrt(max((self.squares + PRIOR) / n - mean * mean, 0.0) / n)   # the prior: spread 1
 
 
 class SpeculationPolicy:
