@@ -93,10 +93,13 @@ def _probabilities(tables: Tables, offer: Offer, optimism: float) -> dict[str, l
             for name, confidence in offer.sources()}
 
 
-def expectations(tables: Tables, offer: Offer, optimism: float = 0.0, draft: bool = True) -> Expectations:
-    """Per source offered (the draft's only with `draft`) and row, [E(0), ..., E(T)]."""
+def expectations(tables: Tables, offer: Offer, optimism: float = 0.0) -> Expectations:
     return {name: [expectations_by_length(p) for p in rows]
-            for name, rows in _probabilities(tables, offer, optimism).items() if draft or name != "draft"}
+            for name, rows in _probabilities(tables, offer, optimism).items()}
+
+
+def _without_draft(rows: Expectations) -> Expectations:
+    return {name: e for name, e in rows.items() if name != "draft"}
 
 
 def trees(tables: Tables, offer: Offer, optimism: float = 0.0) -> list[list[tuple]] | None:
@@ -137,14 +140,14 @@ def best(pricing: Pricing, rows: Expectations, drafts: int, drafted: bool, every
     `every`: the largest k, every row verifying all its best option offers."""
     top, room = None, max([drafts] + [len(t) - 1 for t in trees or []])
     for k in ([room] if every else range(room + 1)):
-        expected, sources, lengths, branches, seconds = zip(*(
-            _row_best(rows, trees[r] if trees else None, r, k, drafts, every) for r in range(pricing.b)))
-        expected = [max(e, 1.0) for e in expected]
-        rate = pricing.rate(expected, pricing.cycle(max(lengths), drafted, optimistic))
+        per_row = [_row_best(rows, trees[r] if trees else None, r, k, drafts, every) for r in range(pricing.b)]
+        expected = [max(option[0], 1.0) for option in per_row]
+        sources, lengths, branches, seconds = (tuple(option[i] for option in per_row) for i in range(1, 5))
+        width = max(lengths, default=0)
+        rate = pricing.rate(expected, pricing.cycle(width, drafted, optimistic))
         if top is None or rate > top.rate:
             tree = "tree" in sources
-            top = Choice(max(lengths), sum(expected), rate, sources, lengths, branches if tree else (),
-                         seconds if tree else ())
+            top = Choice(width, sum(expected), rate, sources, lengths, branches if tree else (), seconds if tree else ())
     return top
 
 
@@ -163,9 +166,9 @@ def choose(tables: Tables, costs: CostModel, settings: Settings, b: int, block: 
     optimism = settings.optimism if probe else 0.0
     rows = expectations(tables, offer, optimism)
     choice = best(pricing, rows, drafts, True, trees=trees(tables, offer, optimism), optimistic=probe)
-    without = best(pricing, {n: e for n, e in rows.items() if n != "draft"}, drafts, False, optimistic=probe)
+    without = best(pricing, _without_draft(rows), drafts, False, optimistic=probe)
     # what the draft cycle is measured against: the best choice without it, at the posterior mean
-    mean = best(pricing, expectations(tables, offer, draft=False), drafts, False) if probe else without
+    mean = best(pricing, _without_draft(expectations(tables, offer)), drafts, False) if probe else without
     seconds = pricing.cycle(mean.k, drafted=False)
     baseline = seconds - mean.rate * seconds / pricing.plain_rate()
     per_row = sum(row[min(choice.k, len(row) - 1)] for row in rows["draft"]) / max(len(rows["draft"]), 1)
