@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dflash2.decoding.policy.calibration import MAX_AGE_S
+from dflash2.files.calibration import MAX_AGE_S
 from dflash2.decoding.policy import costs as costs_module
 from dflash2.decoding.policy.costs import CostModel
 from dflash2.decoding.loop.engine import GenerationConfig, GenerationResult

@@ -26,7 +26,7 @@ from test_tree import _policy as tree_policy
 # ---------------------------------------------------------------------- pricing and calibration
 def _policy(per_token: float) -> SpeculationPolicy:
     policy = tree_policy(per_token)            # the draft calibrated: right as often as it is confident
-    policy.tables.lattice.counts[True] = [[10.0 * i + 5.0, 100.0] for i in range(10)]   # the lattice likewise
+    policy.tables[LATTICE].counts[True] = [[10.0 * i + 5.0, 100.0] for i in range(10)]   # the lattice likewise
     return policy
 
 
@@ -57,14 +57,14 @@ def test_the_lattice_is_calibrated_from_its_fork_on_and_only_when_reached():
     choice = Choice(7, 0.0, 0.0, ("tree",), (7,), ((4, 4),), (LATTICE,))
 
     def reached(accepted_second: int) -> float:
-        before = sum(n for _, n in policy.tables.lattice.counts[True])
+        before = sum(n for _, n in policy.tables[LATTICE].counts[True])
         policy.observe(CycleRecord(1, offer, CyclePlan(True), choice, True, [7], [max(1, accepted_second)], 8,
                                    branch_accepted={0: (1, accepted_second)}))
-        return sum(n for _, n in policy.tables.lattice.counts[True]) - before
+        return sum(n for _, n in policy.tables[LATTICE].counts[True]) - before
 
     assert reached(0) == 0              # the shared first token was rejected: the branch was not reached
     assert reached(3) == 3              # its nodes 2..4 (3 of them) were reached; 2 accepted, the 4th rejected
-    table = policy.tables.lattice.counts[True]
+    table = policy.tables[LATTICE].counts[True]
     assert table[3] == [35.0 + 1.0, 101.0]            # the runner-up at the fork (0.35): accepted once
 
 

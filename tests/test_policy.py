@@ -9,16 +9,16 @@ import pytest
 
 from conftest import policy_choice
 from dflash2.decoding.policy.costs import CostModel
-from dflash2.decoding.policy.expectation import AcceptanceModel, expected_tokens
+from dflash2.decoding.policy.expectation import AcceptanceModel, expectations_by_length
 from dflash2.decoding.policy.chooser import Pricing, worth_drafting
 from dflash2.decoding.policy.cycle import Backoff, Choice, CyclePlan, CycleRecord, Offer
 from dflash2.decoding.policy import SpeculationPolicy
 
 
 def test_expected_tokens_is_one_plus_the_reach_probabilities():
-    assert expected_tokens([0.5, 0.5, 0.5], 0) == 1.0
-    assert expected_tokens([0.5, 0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
-    assert expected_tokens([1.0] * 7, 7) == 8.0
+    assert expectations_by_length([0.5, 0.5, 0.5])[0] == 1.0
+    assert expectations_by_length([0.5, 0.5, 0.5])[2] == pytest.approx(1 + 0.5 + 0.25)
+    assert expectations_by_length([1.0] * 7)[7] == 8.0
 
 
 def test_acceptance_model_learns_from_reached_positions_only():
@@ -125,7 +125,7 @@ def test_a_draft_that_cannot_pay_stops_after_a_few_cycles_for_a_budgeted_time():
     policy = SpeculationPolicy("auto", _costs(0.045), budget=0.02)
     policy.probing = False
     for _ in range(200):   # learned: this draft is never accepted
-        policy.tables.draft.observe([0.5], True, verified=1, accepted=0)
+        policy.tables["draft"].observe([0.5], True, verified=1, accepted=0)
     cycles = _until_a_fallback(policy, 0.045, 0.5, 0, 4)
     assert [k for _, k, _, _ in cycles] == [0] * len(cycles) and len(cycles) >= 3
     assert cycles[-1][2] == math.ceil(len(cycles) * 0.045 / (0.02 * 0.060))
@@ -174,11 +174,11 @@ def test_a_probe_that_cannot_pay_even_optimistically_verifies_nothing():
 
 def test_fresh_keeps_the_machine_and_forgets_the_draft():
     policy = SpeculationPolicy("auto", _costs(0.045), budget=0.05)
-    policy.tables.draft.observe([0.5], True, verified=1, accepted=0)
+    policy.tables["draft"].observe([0.5], True, verified=1, accepted=0)
     policy.fallback, policy.probing = policy.fallback.wait(40), False
     fresh = policy.fresh()
     assert fresh.costs is policy.costs and fresh.settings.budget == 0.05 and fresh.mode == "auto"
-    assert not fresh.fallback.waiting and fresh.probing and not fresh.tables.draft.counts
+    assert not fresh.fallback.waiting and fresh.probing and not fresh.tables["draft"].counts
     policy.evidence.add(-1.0)
     assert policy.fresh().evidence.weight == 0.0 and policy.fresh().stretch == 0.0
 
@@ -327,9 +327,9 @@ def test_at_batch_8_lookup_is_not_verified_at_a_width_its_mean_does_not_pay_for(
     probe = plan.choose(offer)
     wait = probe.lookup_probes.left
     assert probe.k > 0 and wait > 0                                 # the bound is tried once ...
-    mean_rate = 8 * expected_tokens([0.35] * 7, probe.k) / pricing.cycle(probe.k, False)
+    mean_rate = 8 * expectations_by_length([0.35] * 7)[probe.k] / pricing.cycle(probe.k, False)
     assert mean_rate < pricing.plain_rate()                         # ... though at the mean it does not pay
-    lost = pricing.cycle(probe.k, False) - expected_tokens([0.35] * 7, probe.k) * 0.200
+    lost = pricing.cycle(probe.k, False) - expectations_by_length([0.35] * 7)[probe.k] * 0.200
     assert wait >= lost / (0.02 * 0.200) - 1                        # ... and budgeted by what it can lose
     policy.observe(CycleRecord(8, offer, plan, probe, False, list(probe.lengths), [0] * 8, probe.k + 1, 0.0,
                                costs.verify(8, probe.k + 1)))
@@ -585,7 +585,7 @@ def test_ordinary_cycles_that_lose_fall_back_once_they_have_spent_what_the_draft
     once they have lost about what the probe gained the draft pass stops."""
     policy = SpeculationPolicy("auto", _costs(0.030), budget=0.02)
     for _ in range(3):                                           # what the draft did before: it paid
-        policy.tables.draft.observe([0.95] * 7, True, verified=7, accepted=7)
+        policy.tables["draft"].observe([0.95] * 7, True, verified=7, accepted=7)
     (probe, k, left, _), = _cycles(policy, 0.030, 0.95, 7, 1)
     assert probe and k == 7 and left == 0                          # the probe paid: speculation goes on
     ordinary = _until_a_fallback(policy, 0.030, 0.95, 0, 12)
@@ -599,7 +599,7 @@ def test_a_cycle_that_gains_pays_back_what_earlier_ones_lost():
     pass never stops and what the stretch lost never piles up."""
     policy = SpeculationPolicy("auto", _costs(0.030), budget=0.02)
     for _ in range(3):
-        policy.tables.draft.observe([0.95] * 7, True, verified=7, accepted=7)
+        policy.tables["draft"].observe([0.95] * 7, True, verified=7, accepted=7)
     for n in range(20):
         cycle, = _cycles(policy, 0.030, 0.95, 7 if n % 3 == 2 else 0, 1)
         assert cycle[2] == 0
@@ -611,7 +611,7 @@ def test_a_probe_that_gains_against_plain_steps_goes_on_whatever_the_calibration
     in 140 ms (draft pass 60, pass 80) against 180 ms of plain steps: a gain, though the posterior
     mean says the draft does not pay. What the cycles realise decides: speculation goes on."""
     policy = SpeculationPolicy("auto", _costs(0.060), budget=0.02)
-    policy.tables.draft.observe([0.5] * 7, True, verified=7, accepted=0)
+    policy.tables["draft"].observe([0.5] * 7, True, verified=7, accepted=0)
     cycles = _cycles(policy, 0.060, 0.5, 2, 3)
     assert [probe for probe, *_ in cycles] == [True, False, False]
     assert [left for _, _, left, _ in cycles] == [0, 0, 0] and policy.stretch == 0.0
@@ -624,7 +624,7 @@ def test_in_hybrid_a_draft_cycle_is_judged_against_what_lookup_alone_was_expecte
     policy = SpeculationPolicy("auto", _costs(0.010), sources=2)
     policy.probing = False
     for _ in range(20):
-        policy.tables.lookup.observe([0.9] * 7, True, verified=7, accepted=7)
+        policy.tables["lookup"].observe([0.9] * 7, True, verified=7, accepted=7)
     offer = Offer([True], [[0.6] * 7], [[0.9] * 7])
     choice = policy_choice(policy, 1, offer)
     assert choice.baseline < -0.05                                 # lookup alone: several tokens for one pass
@@ -643,7 +643,7 @@ def _lagging_row_cycles(fixed: bool, cycles: int) -> list[int]:
     costs.observe_draft(8, 0.030)
     policy = SpeculationPolicy("auto", costs, budget=0.02)
     for _ in range(3):
-        policy.tables.draft.observe([0.95] * 7, True, verified=7, accepted=7)
+        policy.tables["draft"].observe([0.95] * 7, True, verified=7, accepted=7)
     policy.probing = False                                       # a probe has paid
     remaining, out = [200] * 8, []
     while len(out) < cycles:

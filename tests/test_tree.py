@@ -90,7 +90,7 @@ def _policy(per_token: float) -> SpeculationPolicy:
     costs.observe_draft(1, 0.001)
     policy = SpeculationPolicy("auto", costs)
     for name in ("draft", "lookup"):           # both sources calibrated: right as often as they are confident
-        policy.tables.of(name).counts[True] = [[10.0 * i + 5.0, 100.0] for i in range(10)]
+        policy.tables[name].counts[True] = [[10.0 * i + 5.0, 100.0] for i in range(10)]
     return policy
 
 

@@ -13,7 +13,8 @@ Rooms (imports run from the loop down to the others):
   ragged left-padded batches (`ragged`), hybrid targets' recurrent state (`recurrent`).
 The face below is what commands and users import.
 """
-from dflash2.decoding.loop.engine import DecodeSession, Event, GenerationConfig, GenerationResult, SpeculativeDecoder
+from dflash2.decoding.loop.engine import DecodeSession, SpeculativeDecoder
+from dflash2.decoding.loop.requests import Event, GenerationConfig, GenerationResult
 from dflash2.decoding.policy import SPECULATE_MODES, SpeculationPolicy
 from dflash2.decoding.proposers.kinds import PROPOSERS
 from dflash2.decoding.verifier.adapter import TargetAdapter

@@ -5,4 +5,5 @@
   writers whose disk errors are one line.
 - `userjson`: a user's JSON text, refused in one line when malformed or nested too deeply.
 - `cache`: where converted targets and stored calibrations are kept (`DFLASH2_CACHE`).
+- `calibration`: the cost model's start-up calibration as stored there (key, format, age).
 """

@@ -2,52 +2,37 @@
 
 Contract:
 - `SpeculativeDecoder(target, draft=None, speculate="auto", proposer=None, suffix_store=None,
-  lattice=False, drafter=None)`:
-  `target` is a `TargetAdapter`. `proposer` (`proposers.kinds.PROPOSERS`) says where proposed tokens come
-  from: `draft` (the draft model's block), `lookup` (`decoding.proposers.lookup`: what followed the row's
-  latest tokens in its own prompt and output, and in `suffix_store`'s recent requests when one is
-  shared; no draft needed), `hybrid` (both, each row of each cycle verifying the source the policy
-  expects to commit more, or both as a token tree (`decoding.proposers.tree`: one target pass, a tree
-  attention mask, the losing branch's cache slots holed out) on attention-only targets for greedy
-  rows; every row verifies its own block in the same target pass; sliding-window and hybrid
-  recurrent targets, and sampled rows, verify one path). With `lattice` (off by default) a draft with
-  a selector also offers its candidate lattice's second path (`CandidateSelector.second_path`), which
-  a greedy row may verify beside the draft's path as a tree (`draft` and `hybrid`, same targets),
-  priced by the policy like a lookup branch with a calibration of its own. `mtp`: `draft` is an
-  `MtpHead`, in the draft's place (`proposers.mtp`; `hybrid` puts it beside lookup; `kinds.drafter_for`
-  makes the draft side of either). `None`: the draft's own (`draft`, `mtp` for a head), else no
-  proposer: with neither (or `speculate="never"`) the same loop
-  decodes autoregressively, one target step per token: the honest baseline. `drafter` (a
-  `proposers.draft.Drafter`: a block size and a maker of the draft side) replaces the draft's own
-  proposer, e.g. an oracle that knows the answer. `speculate` is a
-  `policy.SPECULATE_MODES` value: `auto` verifies only as many proposed tokens as pay for
-  themselves and falls back to plain decoding when the draft does not pay; `always` verifies the
-  whole block every cycle.
-- `variant(proposer=None, speculate=None)`: a sibling decoder (of the same class) over the same target (and draft),
-  with another proposer or speculation mode (None: this one's) and a policy that has learnt nothing
-  of the proposers (sharing the cost model when its proposer is this one's). Sessions of decoders
-  over one target take turns: a session refuses rows while another one's batch holds the target.
-- `session(fixed=False)` -> `DecodeSession`, a running batch: `add(prompts, config)` queues requests, which
-  join at the next cycle boundary (their prefill merged into the ragged batch); `cancel(key)`
-  drops one at the next boundary; `step()` runs one cycle and returns the `Event`s it produced.
-  `fixed` (`generate`, `decode_events`): no request joins once it runs, so the policy minimises
-  the time until its last row ends (`decoding.policy.expectation`), not the tokens/s of a batch that refills.
-  Every row keeps its own sampling settings, seed, stop tokens and length limit, and its own
-  acceptance (rows that accept more advance more; the caches are re-aligned, never truncated to the
-  slowest row). Stop tokens and `max_new_tokens` are honoured exactly, even mid-block.
-- `generate(prompts, config)` decodes a batch and returns one `GenerationResult` per prompt;
-  `stream(prompt, config)` yields the tokens committed by each cycle; `decode_events(prompts,
-  config)` yields the `Event`s of a batch as decoding goes.
-- Greedy output equals the target's greedy output token for token; sampled output follows the
-  target's processed distribution exactly (see `acceptance.py`; a lookup token is a point-mass
-  draft), in every mode, for every proposer and for any number of verified drafts. A row's random
-  numbers depend only on its seed (`dflash2.runtime.rng`).
+  lattice=False, drafter=None)`: `target` is a `TargetAdapter`; `proposer` is one of
+  `proposers.kinds.PROPOSERS` (`draft`, `lookup`, `hybrid`, `mtp`; None: the draft's own, or none),
+  `draft` a DFlash2 draft or an `MtpHead`, `suffix_store` lookup's store shared between requests.
+  `hybrid` lets each row verify the source the policy expects to commit more, or, for greedy rows
+  on attention-only targets, both as one token tree (`proposers.tree`); with `lattice` a draft's
+  selector also offers its second path as a tree's branch. `drafter` (a `proposers.draft.Drafter`)
+  replaces the draft's own proposer (e.g. an oracle). `speculate` (`policy.SPECULATE_MODES`): `auto`
+  verifies only what pays for itself and falls back to plain decoding while the draft does not;
+  `always` verifies the whole block every cycle; `never` (or no proposer) decodes one target step
+  per token, the honest baseline.
+- `variant(proposer=None, speculate=None)`: a sibling decoder over the same target and draft with a
+  policy that has learnt nothing of the proposers (sharing the cost model when the proposer is the
+  same). Sessions over one target take turns: a session refuses rows while another's batch holds it.
+- `session(fixed=False)` -> `DecodeSession`, a running batch: `add(prompts, config)` queues requests,
+  which join at the next cycle boundary (their prefill merged into the ragged batch); `cancel(key)`
+  drops one at the next boundary; `step()` runs one cycle and returns its `Event`s. `fixed`
+  (`generate`, `decode_events`): no request joins once it runs, so the policy minimises the time
+  until its last row ends, not the tokens/s of a batch that refills. Every row keeps its own
+  sampling settings, seed, stop tokens, length limit and acceptance (caches re-aligned, never
+  truncated to the slowest row); stop tokens and `max_new_tokens` hold exactly, even mid-block.
+- `generate(prompts, config)` -> one `GenerationResult` per prompt; `stream(prompt, config)` yields
+  each cycle's tokens; `decode_events(prompts, config)` yields a batch's `Event`s as decoding goes.
+- Greedy output equals the target's token for token; sampled output follows the target's processed
+  distribution exactly (`acceptance.py`; a lookup token is a point-mass draft), in every mode, for
+  every proposer and any number of verified tokens. A row's random numbers depend only on its seed.
 """
 from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 import torch
@@ -61,12 +46,13 @@ from dflash2.decoding.policy.cycle import CycleRecord, Offer
 from dflash2.decoding.policy import SpeculationPolicy
 from dflash2.decoding.proposers.draft import Drafter, Proposal
 from dflash2.decoding.proposers import kinds
+from dflash2.decoding.loop.requests import Event, GenerationConfig, GenerationResult
 from dflash2.decoding.loop.sampling import RowSampling
 from dflash2.decoding.loop.stats import BatchTiming, Commit, RowStats
 from dflash2.decoding.loop.timing import CycleTimer, Stopwatch
 from dflash2.decoding.proposers.tree import kept_nodes, path_nodes, tree_greedy_accept
 from dflash2.decoding.verifier.adapter import TargetAdapter
-from dflash2.errors import SettingError, require
+from dflash2.errors import require
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.families import family_of
 from dflash2.model.mtp import MtpHead
@@ -74,58 +60,9 @@ from dflash2.runtime.rng import ACCEPT, TOKEN, row_seed, sample_from, uniforms
 
 
 @dataclass
-class GenerationConfig:
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    block_size: int | None = None          # None: the draft's own block size
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int = 0
-
-    def validate(self) -> None:
-        """Raise `SettingError` (the field's name, what is wrong) for the first bad field."""
-        checks = (
-            ("max_new_tokens", isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0, "a positive integer"),
-            ("temperature", isinstance(self.temperature, (int, float)) and self.temperature >= 0
-             and self.temperature != float("inf"), "a finite number >= 0"),
-            ("top_p", isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "in (0, 1]"),
-            ("top_k", isinstance(self.top_k, int) and self.top_k >= 0, "an integer >= 0"),
-            ("block_size", self.block_size is None or (isinstance(self.block_size, int) and self.block_size >= 2),
-             "an integer >= 2"),
-            ("seed", isinstance(self.seed, int), "an integer"))
-        for name, ok, wanted in checks:
-            if not ok:
-                raise SettingError(name, f"must be {wanted}, got {getattr(self, name)!r}")
-
-
-@dataclass
-class GenerationResult:
-    tokens: list[int]
-    finish_reason: str      # "stop" or "length"
-    stats: RowStats
-    timing: BatchTiming
-
-
-@dataclass
-class Event:
-    """What one cycle did for one request: `commit.tokens` were committed (the first
-    `commit.accepted` of them accepted proposed tokens, from `commit.source`); `result` is set when
-    the request finished."""
-    key: int
-    commit: Commit
-    result: GenerationResult | None = None
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.commit.tokens
-
-
-@dataclass
 class _Row:
     key: int
     config: GenerationConfig
-    stop_ids: frozenset
     stats: RowStats
     output: list[int] = field(default_factory=list)
 
@@ -184,13 +121,10 @@ class SpeculativeDecoder:
             yield from session.step()
 
     def generate(self, prompts: list[list[int]], config: GenerationConfig) -> list[GenerationResult]:
-        results: dict[int, GenerationResult] = {}
-        session = self.session(fixed=True)
+        session, results = self.session(fixed=True), {}
         keys = session.add(prompts, config)
         while session:
-            for event in session.step():
-                if event.result is not None:
-                    results[event.key] = event.result
+            results.update((event.key, event.result) for event in session.step() if event.result is not None)
         for result in results.values():  # every row reports its whole batch's timing
             result.timing = session.timing
         return [results[k] for k in keys]
@@ -218,10 +152,6 @@ class SpeculativeDecoder:
         """The draft side of the cycle (None: no draft)."""
         return None if self.drafter is None else self.drafter.new(stopwatch)
 
-    def new_lookup(self) -> LookupProposer | None:
-        """The lookup side of the cycle (None: the proposer is the draft alone)."""
-        return LookupProposer(store=self.suffix_store) if self.proposer in ("lookup", "hybrid") else None
-
 
 class DecodeSession:
     """A running batch of requests; see the module docstring."""
@@ -233,7 +163,8 @@ class DecodeSession:
         self.timing = BatchTiming()
         speculating = self.policy.mode != "never"
         self.proposer = decoder.new_proposer(self.watch) if speculating else None
-        self.lookup = decoder.new_lookup() if speculating else None
+        self.lookup = LookupProposer(store=decoder.suffix_store) if speculating and decoder.proposer in (
+            "lookup", "hybrid") else None
         self.rows: list[_Row] = []
         self.anchors: torch.Tensor | None = None          # [b] last committed token, not yet in the target cache
         self.sampling: RowSampling | None = None
@@ -251,12 +182,9 @@ class DecodeSession:
         request seeded s uses seed `row_seed(s, i)`, i its index in `prompts`."""
         self.decoder.check(prompts, config)
         require(not (self.fixed and self.rows), "a fixed batch takes no requests once it runs")
-        keys = []
-        for index, prompt in enumerate(prompts):
-            key = next(self._keys)
-            row_config = GenerationConfig(**{**config.__dict__, "seed": row_seed(config.seed, index)})
-            self._pending.append((key, list(prompt), row_config))
-            keys.append(key)
+        keys = [next(self._keys) for _ in prompts]
+        self._pending += [(key, list(prompt), replace(config, seed=row_seed(config.seed, index)))
+                          for index, (key, prompt) in enumerate(zip(keys, prompts))]
         return keys
 
     def cancel(self, key: int) -> None:
@@ -302,17 +230,16 @@ class DecodeSession:
             self.timing.prefill_seconds += time.perf_counter() - clock
         self.anchors = first if self.anchors is None else torch.cat([self.anchors, first])
         self.sampling = sampling if self.sampling is None else self.sampling.cat(sampling)
-        new_rows = [_Row(key, config, frozenset(config.stop_token_ids), RowStats(self.decoder.block_size(config)))
-                    for key, _, config in pending]
+        new_rows = [_Row(key, config, RowStats(self.decoder.block_size(config))) for key, _, config in pending]
         self.rows += new_rows
         self.block = max(self.decoder.block_size(r.config) for r in self.rows)
         return self._commit(new_rows, [Commit([int(t)]) for t in first.tolist()], first_token=True)
 
     def _cycle(self) -> list[Event]:
-        """Propose a block per row (lookup, draft), verify every row's block in one target pass, accept
-        each row's longest correct prefix, keep it in the caches and let the policy learn from it."""
+        """One round: propose -> choose -> verify -> accept -> keep -> commit and observe."""
         b, timer = len(self.rows), CycleTimer(self.watch)
         start = self.target.next_position.clone()                  # [b] each row's anchor position
+        # 1. propose: lookup's tokens, then the draft's block if the plan runs its pass
         lookups, offer = self._look_up()
         plan = self.policy.prepare(b, offer, self.block, can_draft=self.proposer is not None)
         proposal = None
@@ -321,12 +248,14 @@ class DecodeSession:
                 proposal = self.proposer.propose(self.anchors, start, self.block, self.sampling.temperature,
                                                  self.sampling.seed)
             offer = self._with_draft(offer, proposal, lookups)
+        # 2. choose what each row verifies, and verify every row's block in one target pass
         with self.watch("policy"):
             choice = plan.choose(offer, timer.seconds["draft"])
         block = assemble(choice, self.anchors, [self.decoder.block_size(row.config) - 1 for row in self.rows],
                          proposal, lookups)
         with timer("verify", phase="verify"):
             logits, features = self.target.verify(block.ids, block.tree)
+        # 3. accept each row's longest correct prefix and keep it in the caches (the draft's too)
         with self.watch("accept"):
             accepted, bonus, branch, per_branch = self._accept(block, logits, start)
         with self.watch("realign"):                                # roll back rejected slots, re-align rows
@@ -334,6 +263,7 @@ class DecodeSession:
             if self.proposer is not None:
                 self.proposer.append(features, accepted + 1, start, defer=proposal is None,
                                      following=cycle_following(path, accepted, bonus))
+        # 4. commit each row's tokens, and let the policy learn from what the cycle did
         with self.watch("host"):                                   # one host copy per tensor, not per row
             accepted_list, bonus_list = accepted.tolist(), bonus.tolist()
             branch_list = [0] * b if branch is None else branch.tolist()
@@ -341,10 +271,9 @@ class DecodeSession:
             if self.lookup is not None:
                 self.lookup.extend([c.tokens for c in commits])
         self.anchors = bonus
+        draft_s, verify_s = timer.seconds["draft"], timer.seconds["verify"]
         record = CycleRecord(b, offer, plan, choice, proposal is not None, block.verified, accepted_list, block.width,
-                             timer.seconds["draft"], timer.seconds["verify"],
-                             branch_accepted=block.branch_accepted(per_branch))
-        record.host_seconds = timer.wall() - record.draft_seconds - record.verify_seconds
+                             draft_s, verify_s, timer.wall() - draft_s - verify_s, block.branch_accepted(per_branch))
         with self.watch("policy"):
             self.policy.observe(record)
         self.timing.record_cycle(b, record.drafted, record.width, timer.wall(), timer.cpu())
@@ -363,11 +292,15 @@ class DecodeSession:
         return lookups, Offer.of(greedy, lookup=[found.confidence for found in lookups], remaining=remaining)
 
     def _with_draft(self, offer: Offer, proposal: Proposal, lookups: list[Lookup] | None) -> Offer:
-        """The offer once the draft has proposed: its confidence, where it shares a prefix with lookup's
-        proposal, and its lattice's second path (both as trees, on targets that can verify them)."""
-        second = proposal.second if self.target.supports_trees else None     # greedy rows' trees only
-        return Offer.of(offer.greedy, _confidence(proposal), offer.lookup, self._shared(proposal, lookups),
-                        offer.remaining, None if second is None else second.confidence.tolist(),
+        """The offer once the draft has proposed: its confidence (1.0 where it gives none) and, on targets
+        that verify trees, what its tokens share at their start with lookup's and its second path."""
+        tokens, trees = proposal.tokens.tolist(), self.target.supports_trees
+        confidence = [[1.0] * len(t) for t in tokens] if proposal.confidence is None else proposal.confidence.tolist()
+        shared = None if lookups is None or not trees else [
+            _common_start(t, found.tokens) if found.tokens else None for t, found in zip(tokens, lookups)]
+        second = proposal.second if trees else None
+        return Offer.of(offer.greedy, confidence, offer.lookup, shared, offer.remaining,
+                        None if second is None else second.confidence.tolist(),
                         None if second is None else second.fork.tolist())
 
     def _keep(self, block: VerifyBlock, accepted: torch.Tensor, branch: torch.Tensor | None,
@@ -379,23 +312,9 @@ class DecodeSession:
             return features, block.ids
         self.target.keep_nodes(kept_nodes(block.tree, branch, accepted))
         nodes = path_nodes(block.tree, branch)                                                  # [b, L + 1]
-        path = block.ids.gather(1, nodes)
-        if features is None:
-            return None, path
-        return features.gather(1, nodes[:, :, None].expand(-1, -1, features.shape[-1])), path
-
-    def _shared(self, proposal: Proposal, lookups: list[Lookup] | None) -> list[int | None] | None:
-        """Per row, the tokens the draft's and lookup's proposals share at their start, where both
-        may be verified as one tree (a target that can verify trees, a lookup match); else None."""
-        if lookups is None or not self.target.supports_trees:
-            return None
-        shared = []
-        for draft, found in zip(proposal.tokens.tolist(), lookups):
-            n = 0
-            while n < min(len(draft), len(found.tokens)) and draft[n] == found.tokens[n]:
-                n += 1
-            shared.append(n if found.tokens else None)
-        return shared
+        if features is not None:
+            features = features.gather(1, nodes[:, :, None].expand(-1, -1, features.shape[-1]))   # [b, L + 1, H]
+        return features, block.ids.gather(1, nodes)
 
     def _pick(self, logits: torch.Tensor, sampling: RowSampling, positions: torch.Tensor) -> torch.Tensor:
         """One target token per row from logits [n, V]: argmax, or a sample from the processed p."""
@@ -410,11 +329,10 @@ class DecodeSession:
         branch [b, n] or None). Greedy rows of a tree take `tree_greedy_accept`; every other row
         verifies the linear path at nodes 1..limit."""
         drafts, limits = block.ids[:, 1:], block.limits
-        rows = torch.arange(drafts.shape[0], device=drafts.device)
         target_argmax = logits.argmax(dim=-1)                                              # [b, W]
         if block.tree is None:
             accepted = greedy_accept(drafts, target_argmax, limits)
-            bonus, branch, per_branch = target_argmax[rows, accepted], None, None
+            bonus, branch, per_branch = target_argmax.gather(1, accepted[:, None])[:, 0], None, None
         else:
             outcome = tree_greedy_accept(block.tree, target_argmax)
             accepted, bonus, branch, per_branch = outcome.accepted, outcome.bonus, outcome.branch, outcome.per_branch
@@ -434,9 +352,10 @@ class DecodeSession:
         """Add each row's tokens (cut at a stop token or max_new_tokens), record its statistics,
         and retire the rows that finished."""
         events, finished = [], []
-        for index, (row, commit) in enumerate(zip(rows, commits)):
-            tokens, reason = _truncate(commit.tokens, row.output, row.config, row.stop_ids)
-            commit = Commit(tokens, min(commit.accepted, len(tokens)), commit.drafted, commit.source, commit.tree_extra)
+        for row, commit in zip(rows, commits):
+            tokens, reason = _truncate(commit.tokens, row.config.max_new_tokens - len(row.output),
+                                       row.config.stop_token_ids)
+            commit = replace(commit, tokens=tokens, accepted=min(commit.accepted, len(tokens)))
             row.output += tokens
             if not first_token:  # the prefill's token is not a verification pass
                 row.stats.record_cycle(commit.drafted, len(tokens), commit.accepted, commit.source, commit.tree_extra)
@@ -445,7 +364,8 @@ class DecodeSession:
                 row.stats.new_tokens = len(row.output)
                 self.timing.total_seconds = time.perf_counter() - self._clock
                 self.timing.phase_seconds = self.watch.snapshot()
-                result = GenerationResult(list(row.output), reason, row.stats, _copy(self.timing))
+                result = GenerationResult(list(row.output), reason, row.stats,
+                                          replace(self.timing, phase_seconds=dict(self.timing.phase_seconds)))
                 finished.append(row)
             events.append(Event(row.key, commit, result))
         self._retire(set(id(r) for r in finished))
@@ -480,23 +400,14 @@ class DecodeSession:
         self._cancelled.clear()
 
 
-def _truncate(tokens: list[int], so_far: list[int], config: GenerationConfig, stop_ids: frozenset):
-    """Cut a cycle's tokens at the first stop token (kept) or at max_new_tokens."""
-    room = config.max_new_tokens - len(so_far)
-    for i, token in enumerate(tokens[:room]):
-        if token in stop_ids:
-            return tokens[: i + 1], "stop"
-    if len(tokens) >= room:
-        return tokens[:room], "length"
-    return tokens, None
+def _common_start(a: list[int], b: list[int]) -> int:
+    return next((n for n, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def _confidence(proposal: Proposal) -> list[list[float]]:
-    """The draft's confidence per row and token (1.0 each when the proposer gives none)."""
-    if proposal.confidence is not None:
-        return proposal.confidence.tolist()
-    return [[1.0] * proposal.tokens.shape[1]] * proposal.tokens.shape[0]
+def _truncate(tokens: list[int], room: int, stop_ids: tuple[int, ...]) -> tuple[list[int], str | None]:
+    """Cut a cycle's tokens at the first stop token (kept) or after `room` tokens; why the row ends, if it does."""
+    stop = next((i + 1 for i, token in enumerate(tokens[:room]) if token in stop_ids), None)
+    if stop is not None:
+        return tokens[:stop], "stop"
+    return tokens[:room], "length" if len(tokens) >= room else None
 
-
-def _copy(timing: BatchTiming) -> BatchTiming:
-    return BatchTiming(**{**timing.__dict__, "phase_seconds": dict(timing.phase_seconds)})

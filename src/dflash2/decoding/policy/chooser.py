@@ -1,21 +1,13 @@
-"""The speculation policy's choice, as pure functions of (tables, costs, offer, settings): nothing here
-writes anything (`learner.SpeculationPolicy` keeps the tables and costs, and learns).
+"""The speculation policy's choice, as pure functions of (tables, costs, settings, offer): nothing here
+writes (`learner.SpeculationPolicy` keeps the tables and costs, and learns).
 
-Contract:
-- `choose(tables, costs, settings, b, block, probe, lookup_probes, offer, draft_seconds)` -> `Choice`:
-  the room k and per row the source and tokens to verify that maximise expected committed tokens
-  per second, rate(k) = sum_r max_s E_{r,s}(min(k, T_{r,s})) / (t_draft + t_verify(b, k + 1) + t_host),
-  E from `tables` (`expectation`), trees priced by their nodes, times from `costs`. A probe takes
-  acceptances and costs at their optimistic bounds, so that they are tried; other cycles the mean.
-  A draft block that does not pay (k = 0, or a probe not paying even so) is verified without the
-  draft's tokens. A fixed batch (`Offer.remaining`) is rated by the plain decoding time it saves
-  per second. Lookup alone is chosen at its mean; when only its optimistic bound would verify more,
-  a lookup probe verifies that once and the next waits until what one can lose is `budget` of the
-  waiting cycles' time (`Choice.lookup_probes`). A sampled row's draft confidence is never seen.
-- `worth_drafting(...)`, before the draft pass with lookup's offer in hand: whether the draft at its
-  usual yield beats lookup alone, pass included (before it has one: whether lookup leaves a row
-  uncovered); one skipped `skips.length` times in a row runs anyway (the outlook ages).
-- `Pricing(costs, b, draft_s)`: the cost model read at batch b (plain step, a cycle, rates, losses).
+Contract: `choose(...)` -> `Choice`: the room k and per row the source and tokens that maximise the
+expected committed tokens per second, sum_r max_s E_{r,s}(min(k, T_{r,s})) / (t_draft + t_verify(b,
+k + 1) + t_host), trees priced by their nodes (a fixed batch, `Offer.remaining`: the plain decoding
+time saved per second). A probe takes acceptances and costs at their optimistic bounds; a draft
+block that does not pay is verified without the draft's tokens; lookup alone is chosen at its mean,
+and what only its optimistic bound would verify is probed as the exploration `budget` allows.
+`worth_drafting(...)`: whether the draft pass, at its usual yield, would beat lookup alone.
 """
 from __future__ import annotations
 
@@ -28,40 +20,30 @@ from dflash2.decoding.policy.expectation import (AcceptanceModel, best_per_width
                                                  saved_seconds, step_curve, tree_options)
 
 SPECULATE_MODES = ("auto", "always", "never")
+Tables = dict[str, AcceptanceModel]           # source ("draft", "lookup", LATTICE) -> its acceptance calibration
 Expectations = dict[str, list[list[float]]]   # source -> per row [E(0), ..., E(T)]
 
 
 @dataclass(frozen=True)
 class Settings:
-    """`mode` (`SPECULATE_MODES`); back-offs from `min_backoff` to `max_backoff` cycles; `budget`: the
-    share of plain decoding's time exploration may lose, split between `sources` explored sources;
-    `optimism`: standard deviations a probe's bound adds; `margin`: what a probe must beat by."""
+    """Back-offs last `min_backoff` to `max_backoff` cycles; exploration may lose `budget` of plain
+    decoding's time, split between `sources`; a probe's bound adds `optimism` standard deviations."""
     mode: str = "auto"
     min_backoff: int = 8
     max_backoff: int = 512
     budget: float = 0.02
     optimism: float = 1.0
-    margin: float = 0.0
     sources: int = 1
 
 
-@dataclass(frozen=True)
-class Tables:
-    """The acceptance calibration of each source: the draft's, lookup's, the lattice's second path's."""
-    draft: AcceptanceModel
-    lookup: AcceptanceModel
-    lattice: AcceptanceModel
-
-    def of(self, source: str) -> AcceptanceModel:
-        return {"draft": self.draft, "lookup": self.lookup, LATTICE: self.lattice}[source]
-
-
 class Pricing:
-    """The cost model read at batch b, the draft pass at `draft_s` (default: the model's figure)."""
+    """The cost model read at batch b (the draft pass at `draft_s`; None: the model's figure) for a
+    fixed batch's `remaining` tokens a row (None: a batch that refills)."""
 
-    def __init__(self, costs: CostModel, b: int, draft_s: float | None = None):
-        self.costs, self.b = costs, b
+    def __init__(self, costs: CostModel, b: int, draft_s: float | None = None, remaining: list[int] | None = None):
+        self.costs, self.b, self.remaining = costs, b, remaining
         self.draft_s = costs.draft(b) if draft_s is None else draft_s
+        self.steps = None if remaining is None else step_curve(b, self.plain_step)   # a plain step of 1..b rows
 
     def plain_step(self, b: int | None = None) -> float:
         b = self.b if b is None else b
@@ -71,61 +53,58 @@ class Pricing:
         return self.b / max(self.plain_step(), 1e-9)
 
     def cycle(self, k: int, drafted: bool = True, optimistic: bool = False) -> float:
-        """A cycle verifying k tokens a row, with or without the draft pass (k = 0 and no pass: a plain step)."""
         if k == 0 and not drafted:
             return self.plain_step()
         return ((self.draft_s if drafted else 0.0) + self.costs.verify(self.b, k + 1, optimistic)
                 + self.costs.host(self.b, True))
 
-    def steps(self, remaining: list[int] | None) -> list[float] | None:
-        """A plain step's seconds at 1..b rows, where a fixed batch's rate needs them."""
-        return None if remaining is None or self.b == 1 else step_curve(self.b, self.plain_step)
-
-    def rate(self, expected: list[float], seconds: float, remaining: list[int] | None = None,
-             steps: list[float] | None = None) -> float:
-        """Tokens per second; for a fixed batch (b > 1) the plain decoding time saved per second, in
-        plain decoding's tokens per second (so that the time until the last row ends is minimised)."""
+    def rate(self, expected: list[float], seconds: float) -> float:
+        """Tokens per second; a fixed batch (b > 1): the plain decoding time saved per second, in plain
+        decoding's tokens per second."""
         seconds = max(seconds, 1e-9)
-        if remaining is None or self.b == 1:
+        if self.remaining is None or self.b == 1:
             return sum(expected) / seconds
-        steps = steps or self.steps(remaining)
-        return saved_seconds(remaining, expected, steps) / seconds * self.b / max(steps[-1], 1e-9)
+        return saved_seconds(self.remaining, expected, self.steps) / seconds * self.b / max(self.steps[-1], 1e-9)
 
     def lost(self, seconds: float, tokens: float) -> float:
-        """What a cycle of `seconds` committing `tokens` lost against plain steps."""
         return seconds - tokens / self.b * self.plain_step()
 
     def realised_loss(self, record: CycleRecord) -> float:
-        """What a cycle lost against the plain decoding it saved (a fixed batch: until its last row ends)."""
+        """What a cycle lost against the plain decoding it saved."""
         committed = [accepted + 1 for accepted in record.accepted]
-        if record.offer.remaining is None:
+        if self.remaining is None:
             return self.lost(record.seconds, sum(committed))
-        return record.seconds - saved_seconds(record.offer.remaining, committed, step_curve(self.b, self.plain_step))
+        return record.seconds - saved_seconds(self.remaining, committed, self.steps)
 
     def wait_for(self, lost: float, settings: Settings) -> int:
-        """Plain steps enough that `lost` seconds are at most the budget's share of their time."""
+        """Plain steps enough that `lost` is at most the budget's share of their time."""
         share = settings.budget / settings.sources
         return math.ceil(max(lost, 0.0) / max(share * self.plain_step(), 1e-12))
 
 
 def unmeasured(costs: CostModel, settings: Settings, b: int) -> bool:
-    """`auto` has not timed a plain step of b rows in this run: a figure only calibrated or predicted
-    would then decide unchecked, so the cycle is one (free against plain decoding)."""
+    """`auto` has not timed a plain step of b rows in this run: the cycle is one (free against plain
+    decoding), not a choice that an unchecked figure decides."""
     return settings.mode == "auto" and (b, 1) not in costs.observed_s
 
 
-def expectations(tables: Tables, offer: Offer, optimism: float = 0.0) -> Expectations:
-    return {name: [expectations_by_length(p) for p in rows] for name, rows in _probabilities(tables, offer, optimism).items()}
-
-
 def _probabilities(tables: Tables, offer: Offer, optimism: float) -> dict[str, list[list[float]]]:
-    return {name: [tables.of(name).probabilities(c, g, optimism) for c, g in zip(confidence, offer.greedy)]
+    return {name: [tables[name].probabilities(c, g, optimism) for c, g in zip(confidence, offer.greedy)]
             for name, confidence in offer.sources()}
 
 
+def expectations(tables: Tables, offer: Offer, optimism: float = 0.0) -> Expectations:
+    return {name: [expectations_by_length(p) for p in rows]
+            for name, rows in _probabilities(tables, offer, optimism).items()}
+
+
+def _without_draft(rows: Expectations) -> Expectations:
+    return {name: e for name, e in rows.items() if name != "draft"}
+
+
 def trees(tables: Tables, offer: Offer, optimism: float = 0.0) -> list[list[tuple]] | None:
-    """Per row and width the best tree (the draft's path with lookup's, or with the lattice's second
-    path, whose tokens before the fork are the draft's own); None when no row may verify one."""
+    """Per row and width the best tree: the draft's path with lookup's, or with the lattice's second
+    path (the draft's own tokens before the fork); None when no row may verify one."""
     if offer.draft is None or (offer.shared is None and offer.forks is None):
         return None
     p, out = _probabilities(tables, offer, optimism), []
@@ -135,92 +114,80 @@ def trees(tables: Tables, offer: Offer, optimism: float = 0.0) -> list[list[tupl
             options.append((tree_options(draft, p["lookup"][r], offer.shared[r]), "lookup"))
         if offer.forks is not None and offer.forks[r] is not None:
             fork = offer.forks[r]
-            second = draft[:fork] + tables.lattice.probabilities(offer.lattice[r][fork:], True, optimism)
+            second = draft[:fork] + tables[LATTICE].probabilities(offer.lattice[r][fork:], True, optimism)
             options.append((tree_options(draft, second, fork), LATTICE))
         out.append(best_per_width(options))
     return out if any(out) else None
 
 
+def _row_best(rows: Expectations, tree: list[tuple] | None, r: int, k: int, drafts: int, every: bool) -> tuple:
+    """Row r's best at room k: (expected tokens, source, tokens verified, tree branches, second source)."""
+    top = (-1.0 if every else 1.0, "", 0, (0, 0), "")
+    for name, e in rows.items():
+        n = min(k, drafts, len(e[r]) - 1)
+        if e[r][n] > top[0] and n > 0:
+            top = (e[r][n], name, n, (0, 0), "")
+    if tree:
+        expected, nodes, n_draft, n_second, second = tree[min(k, len(tree) - 1)]
+        if expected > top[0] and nodes:
+            top = (expected, "tree", nodes, (n_draft, n_second), second)
+    return top
+
+
 def best(pricing: Pricing, rows: Expectations, drafts: int, drafted: bool, every: bool = False,
-         trees: list[list[tuple]] | None = None, optimistic: bool = False,
-         remaining: list[int] | None = None) -> Choice:
-    """The k (0..drafts, or up to the widest tree) of the highest rate, each row taking its best
-    source at k; `every`: the largest k, every row verifying all its best option offers."""
-    b, room = pricing.b, max([drafts] + [len(t) - 1 for t in trees or []])
-    top, steps = None, pricing.steps(remaining)    # the first k's choice stands until one beats it
+         trees: list[list[tuple]] | None = None, optimistic: bool = False) -> Choice:
+    """The k (up to `drafts` or the widest tree) of the highest rate, each row at its best option;
+    `every`: the largest k, every row verifying all its best option offers."""
+    top, room = None, max([drafts] + [len(t) - 1 for t in trees or []])
     for k in ([room] if every else range(room + 1)):
-        per_row, sources, lengths, branches, seconds = [], [], [], [], []
-        for r in range(b):
-            row_best, source, length, branch, second = (-1.0 if every else 1.0), "", 0, (0, 0), ""
-            for name, e in rows.items():
-                n = min(k, drafts, len(e[r]) - 1)
-                if e[r][n] > row_best and n > 0:
-                    row_best, source, length = e[r][n], name, n
-            if trees and trees[r]:
-                tree_expected, nodes, n_draft, n_second, name = trees[r][min(k, len(trees[r]) - 1)]
-                if tree_expected > row_best and nodes:
-                    row_best, source, length, branch, second = tree_expected, "tree", nodes, (n_draft, n_second), name
-            per_row.append(max(row_best, 1.0))
-            sources.append(source)
-            lengths.append(length)
-            branches.append(branch)
-            seconds.append(second)
+        per_row = [_row_best(rows, trees[r] if trees else None, r, k, drafts, every) for r in range(pricing.b)]
+        expected = [max(option[0], 1.0) for option in per_row]
+        sources, lengths, branches, seconds = (tuple(option[i] for option in per_row) for i in range(1, 5))
         width = max(lengths, default=0)
-        rate = pricing.rate(per_row, pricing.cycle(width, drafted, optimistic), remaining, steps)
+        rate = pricing.rate(expected, pricing.cycle(width, drafted, optimistic))
         if top is None or rate > top.rate:
             tree = "tree" in sources
-            top = Choice(width, sum(per_row), rate, tuple(sources), tuple(lengths),
-                         tuple(branches) if tree else (), tuple(seconds) if tree else ())
+            top = Choice(width, sum(expected), rate, sources, lengths, branches if tree else (), seconds if tree else ())
     return top
 
 
 def choose(tables: Tables, costs: CostModel, settings: Settings, b: int, block: int, probe: bool,
            lookup_probes: Backoff, offer: Offer, draft_seconds: float | None = None) -> Choice:
-    """What to verify this cycle (see the module docstring); `draft_seconds`: this cycle's draft pass
-    (weighed as the cost model will average it in; None: at the model's figure)."""
+    """`draft_seconds`: this cycle's draft pass (None: the model's figure)."""
     drafts, drafted = block - 1, offer.draft is not None
-    pricing = Pricing(costs, b, costs.draft_after(b, draft_seconds) if drafted and draft_seconds is not None else None)
+    draft_s = costs.draft_after(b, draft_seconds) if drafted and draft_seconds is not None else None
+    pricing = Pricing(costs, b, draft_s, offer.remaining)
     if settings.mode == "always":
-        return best(pricing, expectations(tables, offer), drafts, drafted, every=True, trees=trees(tables, offer),
-                    remaining=offer.remaining)
+        return best(pricing, expectations(tables, offer), drafts, drafted, every=True, trees=trees(tables, offer))
     if unmeasured(costs, settings, b):
-        return best(pricing, {}, 0, drafted)
+        return best(Pricing(costs, b, draft_s), {}, 0, drafted)   # a plain step, rated in tokens per second
     if not drafted:
         return _lookup_choice(tables, pricing, settings, offer, drafts, lookup_probes)
     optimism = settings.optimism if probe else 0.0
     rows = expectations(tables, offer, optimism)
-    choice = best(pricing, rows, drafts, True, trees=trees(tables, offer, optimism), optimistic=probe,
-                  remaining=offer.remaining)
-    without = best(pricing, {n: e for n, e in rows.items() if n != "draft"}, drafts, False, optimistic=probe,
-                   remaining=offer.remaining)
-    notes = {}
-    if not probe:   # what the draft usually yields, for `worth_drafting`
-        per_row = sum(row[min(choice.k, len(row) - 1)] for row in rows["draft"]) / max(len(rows["draft"]), 1)
-        notes = dict(draft_yield=(choice.k, per_row),
-                     draft_chosen=bool(choice.k and ("draft" in choice.sources or "tree" in choice.sources)))
+    choice = best(pricing, rows, drafts, True, trees=trees(tables, offer, optimism), optimistic=probe)
+    without = best(pricing, _without_draft(rows), drafts, False, optimistic=probe)
     # what the draft cycle is measured against: the best choice without it, at the posterior mean
-    mean = without if not probe or offer.lookup is None else best(
-        pricing, {n: e for n, e in expectations(tables, offer).items() if n != "draft"}, drafts, False,
-        remaining=offer.remaining)
+    mean = best(pricing, _without_draft(expectations(tables, offer)), drafts, False) if probe else without
     seconds = pricing.cycle(mean.k, drafted=False)
     baseline = seconds - mean.rate * seconds / pricing.plain_rate()
-    if choice.k == 0 or (probe and not choice.rate >= without.rate * (1 + settings.margin)):
-        return replace(without, baseline=baseline, **notes)   # the draft's pass is what the cycle loses
-    return replace(choice, baseline=baseline, **notes)
+    per_row = sum(row[min(choice.k, len(row) - 1)] for row in rows["draft"]) / max(len(rows["draft"]), 1)
+    draft_yield = None if probe else (choice.k, per_row)     # what the draft usually yields, for `worth_drafting`
+    if choice.k == 0 or (probe and not choice.rate >= without.rate):
+        choice = without                                      # the draft's pass is what the cycle loses
+    return replace(choice, baseline=baseline, draft_yield=draft_yield)
 
 
 def _lookup_choice(tables: Tables, pricing: Pricing, settings: Settings, offer: Offer, drafts: int,
                    probes: Backoff) -> Choice:
-    """Lookup costs no pass: chosen at its mean; a lookup probe tries what only its optimistic bound
-    (and the optimistic costs) would verify, then waits (at least `probes.length` cycles, doubling)."""
+    """Lookup, which costs no pass, at its mean, or a lookup probe (see the module docstring)."""
     rows = expectations(tables, offer)
-    choice = best(pricing, rows, drafts, False, remaining=offer.remaining)
+    choice = best(pricing, rows, drafts, False)
     if settings.mode != "auto" or offer.lookup is None:
         return choice
     if probes.waiting:
         return replace(choice, lookup_probes=probes.tick())
-    optimistic = best(pricing, expectations(tables, offer, settings.optimism), drafts, False, optimistic=True,
-                      remaining=offer.remaining)
+    optimistic = best(pricing, expectations(tables, offer, settings.optimism), drafts, False, optimistic=True)
     if optimistic.k <= choice.k:
         return choice
     expected = sum(max(rows[source][r][n], 1.0) if source else 1.0
@@ -234,14 +201,14 @@ def worth_drafting(tables: Tables, costs: CostModel, settings: Settings, b: int,
     """(run the draft pass, the skipped-draft back-off after this cycle or None: unchanged)."""
     if settings.mode != "auto" or offer.lookup is None:
         return True, None
-    pricing = Pricing(costs, b)
+    pricing = Pricing(costs, b, remaining=offer.remaining)
     lookup = expectations(tables, offer)
-    alone = best(pricing, lookup, block - 1, drafted=False, remaining=offer.remaining)
+    alone = best(pricing, lookup, block - 1, drafted=False)
     if outlook is None:    # the draft's first probe waits for a row lookup leaves uncovered
         return not all(alone.sources), None
     k, per_row = round(outlook[0]), outlook[1]
     mixed = [max(per_row, row[min(k, len(row) - 1)]) for row in lookup["lookup"]]
-    if pricing.rate(mixed, pricing.cycle(k, True), offer.remaining) > alone.rate:
+    if pricing.rate(mixed, pricing.cycle(k, True)) > alone.rate:
         return True, skips.cancel()
     skips = (skips if skips.waiting else skips.wait()).tick()   # the outlook ages: a pass now and then renews it
     return not skips.waiting, skips

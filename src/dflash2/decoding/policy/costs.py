@@ -1,26 +1,24 @@
-"""The cost model of a decoding cycle on this machine: the target's verify pass of q tokens for b
-rows, the draft pass and the host work around them.
+"""The cost model of a cycle on this machine (the target's pass of q tokens for b rows, the draft
+pass, the host work around them) and its start-up calibration.
 
-Contract:
-- Verify figures come from two places, kept apart. Calibrated: `calibrate(target, block)` times
-  one-row passes of 1, block, 4 x block and 16 x block tokens at start-up (in the adapter's
-  `aside()`), or `load_calibration(table)` takes a stored one (`calibration`). Observed:
-  `observe_verify(b, q, s)`, a moving average per (b, q) that replaces the calibrated figure at
-  once. `observe_draft`, `observe_host` likewise; `draft_after(b, s)`: `draft(b)` once s is observed.
-- `verify(b, q)`: the figure for (b, q); else linear in q between the figures at batch b around q;
-  else the token curve (piecewise linear in n = b * q; flat below, the last slope above) scaled to
-  the nearest figure at batch b. `optimistic=True` (a probe's): a figure not observed in this run is
-  taken at most at what the observed ones alone predict. `draft(b)`, `host(b, spec)`: the nearest
-  measured batch size's.
-- `stale()`: a (b, q) observed `STALE_SAMPLES` times at a calibrated batch size differs from the
-  calibration's prediction by more than `STALE_FACTOR` either way (once a plain step and a wider
-  pass at one batch size were observed that often); `adopt_observed()` makes those the calibration.
+Contract: verify figures are calibrated (`calibrate`: one-row passes of 1, block, 4 and 16 x block
+tokens; `calibrate_cached`: stored per machine and target, `files.calibration`) or observed
+(`observe_verify`: a moving average per (b, q) that overrides the calibration). `verify(b, q)`: that
+figure, else linear in q between figures at batch b, else the token curve (piecewise linear in
+n = b * q) scaled to the nearest figure at batch b. `stale()`: the observed figures contradict the
+calibration; the stored one's `refresh(costs)` then replaces it with them (`adopt_observed()`).
 """
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+
+from dflash2.files.cache import RECALIBRATE_ENV
+from dflash2.files.calibration import calibration_path, read_calibration, write_calibration
 
 EMA = 0.2
 CALIBRATION_SIZES = (1, 4, 16)  # times the block: the q of the start-up passes (plus q = 1)
@@ -30,6 +28,10 @@ STALE_SAMPLES = 4               # ... once a (b, q) was observed this often
 VerifyTable = dict[tuple[int, int], float]   # (b, q) -> seconds
 
 
+def _averaged(table: dict, key, seconds: float) -> float:
+    return seconds if key not in table else (1 - EMA) * table[key] + EMA * seconds
+
+
 class CostModel:
     def __init__(self) -> None:
         self.calibrated_s: VerifyTable = {}
@@ -37,64 +39,35 @@ class CostModel:
         self.observed_n: dict[tuple[int, int], int] = {}
         self.draft_s: dict[int, float] = {}
         self.host_s: dict[tuple[int, bool], float] = {}
-        self.store = None       # where the calibration is stored (`calibration.StoredCalibration`), if anywhere
+        self.store = None       # where the calibration is stored (`StoredCalibration`), if anywhere
 
     @property
     def verify_s(self) -> VerifyTable:
         """Every verify figure: the observed one where there is one, else the calibrated one."""
         return {**self.calibrated_s, **self.observed_s}
 
-    # ------------------------------------------------------------------ measurements
-    @staticmethod
-    def _averaged(table: dict, key, seconds: float) -> float:
-        return seconds if key not in table else (1 - EMA) * table[key] + EMA * seconds
-
-    def _update(self, table: dict, key, seconds: float) -> None:
-        table[key] = self._averaged(table, key, seconds)
-
-    def observe_verify(self, b: int, q: int, seconds: float) -> None:
-        self._update(self.observed_s, (b, q), seconds)
-        self.observed_n[(b, q)] = self.observed_n.get((b, q), 0) + 1
-
-    def load_calibration(self, table: VerifyTable) -> None:
-        self.calibrated_s.update(table)
-
-    def stale(self) -> bool:
-        seen = {(b, q) for (b, q), n in self.observed_n.items() if n >= STALE_SAMPLES}
-        if not any(q > 1 and (b, 1) in seen for b, q in seen):
-            return False          # the replacement needs both sides of the choice at one batch size:
-                                  # a plain step and a wider pass (without the plain step, its cost
-                                  # would be extrapolated from wide passes and speculation always "pay")
-        calibrated_batches = {b for b, _ in self.calibrated_s}
-        for (b, q), n in self.observed_n.items():
-            if n >= STALE_SAMPLES and b in calibrated_batches:
-                ratio = self.observed_s[(b, q)] / max(_predict(self.calibrated_s, b, q), 1e-12)
-                if not 1 / STALE_FACTOR <= ratio <= STALE_FACTOR:
-                    return True
-        return False
-
-    def adopt_observed(self) -> VerifyTable:
-        """The figures observed `STALE_SAMPLES` times or more, as the new calibration: the rest of a
-        calibration found wrong is not trusted either (predictions come from what was observed)."""
-        self.calibrated_s = {key: self.observed_s[key] for key, n in self.observed_n.items() if n >= STALE_SAMPLES}
-        return dict(self.calibrated_s)
-
-    def observe_draft(self, b: int, seconds: float) -> None:
-        self._update(self.draft_s, b, seconds)
-
-    def draft_after(self, b: int, seconds: float) -> float:
-        return self._averaged(self.draft_s, b, seconds)
-
-    def observe_host(self, b: int, speculative: bool, seconds: float) -> None:
-        self._update(self.host_s, (b, speculative), max(seconds, 0.0))
-
     @property
     def calibrated(self) -> bool:
         return len({b * q for b, q in self.verify_s}) >= 2
 
+    def observe_verify(self, b: int, q: int, seconds: float) -> None:
+        self.observed_s[(b, q)] = _averaged(self.observed_s, (b, q), seconds)
+        self.observed_n[(b, q)] = self.observed_n.get((b, q), 0) + 1
+
+    def observe_draft(self, b: int, seconds: float) -> None:
+        self.draft_s[b] = self.draft_after(b, seconds)
+
+    def draft_after(self, b: int, seconds: float) -> float:
+        return _averaged(self.draft_s, b, seconds)
+
+    def observe_host(self, b: int, speculative: bool, seconds: float) -> None:
+        self.host_s[(b, speculative)] = _averaged(self.host_s, (b, speculative), max(seconds, 0.0))
+
+    def load_calibration(self, table: VerifyTable) -> None:
+        self.calibrated_s.update(table)
+
     def calibrate(self, target, block: int, context: int = 32, repeats: int = 2) -> None:
-        """Time one-row passes of 1, block, 4 x block and 16 x block tokens (as the context allows) on a
-        dummy context, the fastest of `repeats` each (a size's first pass is cold)."""
+        """On a dummy context, the fastest of `repeats` passes a size (a size's first pass is cold)."""
         room = target.max_positions - context
         sizes = [1] + [block * m for m in CALIBRATION_SIZES if block * m <= room]
         with target.aside():
@@ -110,14 +83,35 @@ class CostModel:
                 self.calibrated_s[(1, q)] = min(seconds, self.calibrated_s.get((1, q), seconds))
                 target.keep(torch.zeros(1, dtype=torch.long), q)
 
-    # ------------------------------------------------------------------ predictions
+    def stale(self) -> bool:
+        """A (b, q) observed `STALE_SAMPLES` times at a calibrated batch size is off the calibration by
+        more than `STALE_FACTOR` either way."""
+        seen = {(b, q) for (b, q), n in self.observed_n.items() if n >= STALE_SAMPLES}
+        if not any(q > 1 and (b, 1) in seen for b, q in seen):
+            return False   # both sides of the choice at one batch size, or wide passes alone would price
+                           # the plain step (by extrapolation) and speculation would always "pay"
+        calibrated_batches = {b for b, _ in self.calibrated_s}
+        for b, q in seen:
+            if b in calibrated_batches:
+                ratio = self.observed_s[(b, q)] / max(_predict(self.calibrated_s, b, q), 1e-12)
+                if not 1 / STALE_FACTOR <= ratio <= STALE_FACTOR:
+                    return True
+        return False
+
+    def adopt_observed(self) -> VerifyTable:
+        """The figures observed `STALE_SAMPLES` times or more replace the whole calibration."""
+        self.calibrated_s = {key: self.observed_s[key] for key, n in self.observed_n.items() if n >= STALE_SAMPLES}
+        return dict(self.calibrated_s)
+
     def verify(self, b: int, q: int, optimistic: bool = False) -> float:
+        """`optimistic`: a figure not observed in this run, at most what the observed ones predict."""
         figure = _predict(self.verify_s, b, q)
         if optimistic and self.observed_s and (b, q) not in self.observed_s:
             return min(figure, _predict(self.observed_s, b, q))
         return figure
 
     def draft(self, b: int) -> float:
+        """The figure at the nearest measured batch size (`host` likewise)."""
         return _nearest(self.draft_s, b)
 
     def host(self, b: int, speculative: bool) -> float:
@@ -125,55 +119,65 @@ class CostModel:
 
 
 def _predict(table: VerifyTable, b: int, q: int) -> float:
-    """`verify(b, q)` from one table (see the module docstring); 0 from an empty one."""
+    """`verify(b, q)` from one table; 0 from an empty one."""
     if (b, q) in table:
         return table[(b, q)]
     same_b = sorted((qq, s) for (bb, qq), s in table.items() if bb == b)
     if len(same_b) >= 2 and same_b[0][0] <= q <= same_b[-1][0]:
-        (q0, s0), (q1, s1) = _bracket(same_b, q)
-        return max(s0 + (s1 - s0) * (q - q0) / (q1 - q0), 1e-6)
+        return max(_on_curve(same_b, q), 1e-6)
     if not table:
         return 0.0
-    curve = _token_curve(table)
+    by_tokens: dict[int, list[float]] = {}      # the token curve: [(n = b * q, seconds)], equal n averaged
+    for (bb, qq), s in table.items():
+        by_tokens.setdefault(bb * qq, []).append(s)
+    curve = sorted((n, sum(s) / len(s)) for n, s in by_tokens.items())
     if same_b:
         q0, s0 = min(same_b, key=lambda point: abs(point[0] - q))
         return max(s0 * _on_curve(curve, b * q) / max(_on_curve(curve, b * q0), 1e-9), 1e-6)
     return max(_on_curve(curve, b * q), 1e-6)
 
 
-def _token_curve(table: VerifyTable) -> list[tuple[int, float]]:
-    """[(n, seconds)] sorted by tokens per pass n = b * q (passes of equal n averaged)."""
-    by_tokens: dict[int, list[float]] = {}
-    for (b, q), s in table.items():
-        by_tokens.setdefault(b * q, []).append(s)
-    return sorted((n, sum(s) / len(s)) for n, s in by_tokens.items())
-
-
-def _bracket(points: list[tuple[int, float]], q: int) -> tuple[tuple[int, float], tuple[int, float]]:
-    """The two measured points around q (points sorted by q, q inside their range)."""
-    for left, right in zip(points, points[1:]):
-        if left[0] <= q <= right[0]:
-            return left, right
-    return points[0], points[-1]
-
-
 def _on_curve(curve: list[tuple[int, float]], n: int) -> float:
-    """The piecewise-linear curve at n: flat below its first point, the last segment's slope
-    (never negative) above its last."""
+    """The piecewise-linear curve [(n, seconds)] at n: flat below it, the last slope (>= 0) above."""
     if len(curve) == 1 or n <= curve[0][0]:
         return curve[0][1]
     if n >= curve[-1][0]:
         (n0, s0), (n1, s1) = curve[-2], curve[-1]
         return s1 + max((s1 - s0) / (n1 - n0), 0.0) * (n - n1)
-    (n0, s0), (n1, s1) = _bracket(curve, n)
+    (n0, s0), (n1, s1) = next((left, right) for left, right in zip(curve, curve[1:]) if left[0] <= n <= right[0])
     return s0 + (s1 - s0) * (n - n0) / (n1 - n0)
 
 
 def _nearest(table: dict[int, float], b: int) -> float:
-    """The figure at batch b, else at the nearest measured batch size scaled by b / b', else 0."""
+    """The figure at batch b, else at the nearest measured b' (scaled by b / b' when b' > b), else 0."""
     if b in table:
         return table[b]
     if not table:
         return 0.0
     nearest = min(table, key=lambda bb: abs(bb - b))
     return table[nearest] * (b / nearest if nearest > b else 1.0)
+
+
+@dataclass
+class StoredCalibration:
+    path: Path
+    measured_at: float          # when the start-up measurement ran (time.time())
+
+    def refresh(self, costs: CostModel) -> bool:
+        """Store what this run observed in place of a calibration it contradicts; True if it did."""
+        if not costs.stale():
+            return False
+        write_calibration(self.path, costs.adopt_observed(), self.measured_at)
+        return True
+
+
+def calibrate_cached(costs: CostModel, target, block: int) -> StoredCalibration:
+    path = calibration_path(target, block)
+    stored = read_calibration(path) if os.environ.get(RECALIBRATE_ENV) != "1" else None
+    costs.load_calibration(stored[0] if stored else {})
+    if stored and costs.calibrated:
+        return StoredCalibration(path, stored[1])
+    costs.calibrate(target, block)
+    store = StoredCalibration(path, time.time())
+    write_calibration(path, costs.calibrated_s, store.measured_at)
+    return store

@@ -1,8 +1,6 @@
-"""The values a decoding cycle passes between engine, proposers and policy (nothing here decides):
-what is offered (`Offer`), planned (`CyclePlan`, whose `choose` gives the `Choice`) and done
-(`CycleRecord`, all the policy learns from), and `Backoff`, every wait the policy keeps. Sources:
-"draft" and "lookup" verify alone; `LATTICE` (the draft's second path) only as a tree's branch.
-"""
+"""The values a cycle passes between engine and policy, deciding nothing: what is offered (`Offer`),
+planned (`CyclePlan`; its `choose` gives the `Choice`) and done (`CycleRecord`, all the policy
+learns from), and `Backoff`, every wait the policy keeps."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -10,68 +8,63 @@ from typing import Callable
 
 SOURCES = ("draft", "lookup")    # the sources a row may verify alone
 LATTICE = "lattice"              # the draft's second path: only ever a tree's second branch
-SAMPLED_DRAFT_CONFIDENCE = 0.5   # what the policy sees of a sampled row's draft tokens (`Offer.of`)
+SAMPLED_DRAFT_CONFIDENCE = 0.5   # all the policy sees of a sampled row's draft tokens (`Offer.of`)
 
 
 @dataclass(frozen=True)
 class Backoff:
-    """A wait of `left` cycles; `length` is the least length of the next one, doubled (up to
-    `longest`) when a wait runs out and back to `shortest` on `relax()`."""
+    """A wait of `left` cycles; the next lasts at least `length`, which doubles (up to `longest`) when
+    a wait runs out and is back at `shortest` on `relax()`."""
     shortest: int
     longest: int
     length: int
     left: int = 0
 
     @classmethod
-    def between(cls, shortest: int, longest: int) -> "Backoff":
+    def between(cls, shortest: int, longest: int) -> Backoff:
         return cls(shortest, longest, shortest)
 
     @property
     def waiting(self) -> bool:
         return self.left > 0
 
-    def wait(self, needed: int = 0) -> "Backoff":
-        """Start a wait of `needed` cycles, at least `length`, at most `longest`."""
+    def wait(self, needed: int = 0) -> Backoff:
         n = min(max(self.length, needed), self.longest)
         return replace(self, length=n, left=n)
 
-    def tick(self) -> "Backoff":
+    def tick(self) -> Backoff:
         left = self.left - 1
         return replace(self, left=left, length=self.length if left else min(2 * self.length, self.longest))
 
-    def cancel(self) -> "Backoff":
+    def cancel(self) -> Backoff:
         return replace(self, left=0)
 
-    def relax(self) -> "Backoff":
+    def relax(self) -> Backoff:
         return replace(self, length=self.shortest)
 
 
 @dataclass(frozen=True)
 class Offer:
-    """What the proposers offer one cycle, per row: each source's confidence in its tokens (None:
-    the source did not run this cycle; an empty list: it has nothing for that row)."""
+    """Per row, each source's confidence in its tokens (None: the source did not run this cycle; []
+    for a row: nothing for it)."""
     greedy: list[bool]
     draft: list[list[float]] | None = None
     lookup: list[list[float]] | None = None
-    shared: list[int | None] | None = None   # tokens the draft and lookup proposals share at their start
-    remaining: list[int] | None = None       # tokens each row may still commit in a fixed batch (None: refills)
+    shared: list[int | None] | None = None    # tokens the draft's and lookup's proposals share at their start
+    remaining: list[int] | None = None        # tokens each row may still commit in a fixed batch (None: refills)
     lattice: list[list[float]] | None = None  # the draft's second path's confidence per token
     forks: list[int | None] | None = None     # where it leaves the draft's path (None: no tree)
 
     @classmethod
-    def of(cls, greedy: list[bool], draft: list[list[float]] | None = None,
-           lookup: list[list[float]] | None = None, shared: list[int | None] | None = None,
-           remaining: list[int] | None = None, lattice: list[list[float]] | None = None,
-           forks: list[int | None] | None = None) -> "Offer":
-        """The acceptance rule is exact only for a proposal chosen independently of the draft's random
-        draw: a sampled row offers a constant confidence and no tree."""
+    def of(cls, greedy: list[bool], draft=None, lookup=None, shared=None, remaining=None, lattice=None,
+           forks=None) -> Offer:
+        """A sampled row offers a constant draft confidence and no tree: the acceptance rule is exact
+        only for a proposal chosen independently of the draft's random draw."""
+        def greedy_rows(values):
+            return None if values is None else [v if g else None for v, g in zip(values, greedy)]
         if draft is not None:
             draft = [c if g else [SAMPLED_DRAFT_CONFIDENCE] * len(c) for c, g in zip(draft, greedy)]
-        if shared is not None:
-            shared = [s if g else None for s, g in zip(shared, greedy)]
-        if forks is not None:
-            forks = [f if g else None for f, g in zip(forks, greedy)]
-        return cls(greedy, draft, lookup, shared, remaining, lattice, forks)
+        return cls(greedy, draft, lookup, greedy_rows(shared), remaining, lattice, greedy_rows(forks))
 
     def sources(self) -> list[tuple[str, list[list[float]]]]:
         return [(name, c) for name, c in zip(SOURCES, (self.draft, self.lookup)) if c is not None]
@@ -79,12 +72,11 @@ class Offer:
 
 @dataclass(frozen=True)
 class Choice:
-    """Room for k tokens a row (the pass runs k + 1), per row the source ("draft", "lookup", "tree",
-    "" for none) and tokens verified (a tree's nodes; `branches` its two lengths, `second_sources` its
-    second branch's source), expected tokens and rate. `baseline`: what the best choice without the
-    draft was expected to lose against plain decoding (seconds). For the learner: `lookup_probes`
-    (that back-off after this choice; None: as it was), `draft_yield` (the draft's k and expected
-    tokens a row at its best, ordinary `auto` draft cycles) and `draft_chosen` (that best used it)."""
+    """Room for k tokens a row; per row the source ("draft", "lookup", "tree", "" for none) and tokens
+    verified (a tree's nodes; `branches` its two lengths, `second_sources` its second branch's source).
+    `baseline`: what the best choice without the draft was expected to lose against plain decoding
+    (seconds). For the learner: `lookup_probes` (None: unchanged) and `draft_yield` (an ordinary
+    draft cycle's best k and expected tokens a row)."""
     k: int
     expected: float
     rate: float
@@ -95,10 +87,9 @@ class Choice:
     baseline: float = 0.0
     lookup_probes: Backoff | None = None
     draft_yield: tuple[int, float] | None = None
-    draft_chosen: bool = False
 
     @classmethod
-    def nothing(cls, b: int) -> "Choice":
+    def nothing(cls, b: int) -> Choice:
         """A plain step (nothing offered)."""
         return cls(0, float(b), 0.0, ("",) * b, (0,) * b)
 
@@ -129,8 +120,8 @@ class CyclePlan:
 
 @dataclass
 class CycleRecord:
-    """What one cycle did: offer, plan, choice, whether the draft ran, per row the tokens verified and
-    accepted, the pass's width (tokens a row) and its times (draft pass, target pass, the rest)."""
+    """What one cycle did: per row tokens verified and accepted (a tree row's per branch too), the
+    pass's width (tokens a row) and its times."""
     b: int
     offer: Offer
     plan: CyclePlan
@@ -142,7 +133,7 @@ class CycleRecord:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     host_seconds: float = 0.0
-    branch_accepted: dict[int, tuple[int, int]] = field(default_factory=dict)   # tree row -> per branch
+    branch_accepted: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def seconds(self) -> float:

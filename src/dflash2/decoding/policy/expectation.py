@@ -1,26 +1,12 @@
 """What a cycle is expected to give: pure arithmetic of acceptance probabilities and plain-step times.
 
 Contract:
-- `AcceptanceModel`: P(a proposed token is accepted | it was reached, its source's confidence), per
-  confidence bin, greedy and sampled rows apart, as Beta counts learned by `observe(confidence,
-  greedy, verified, accepted)`; `probabilities(confidence, greedy, optimism)` gives each token's
-  posterior mean plus `optimism` standard deviations. A bin's prior is its mid confidence times the
-  table's calibration so far (`scale`), so a bin that has seen little inherits how the source's
-  other bins turned out instead of being tried at its face value.
-- `expected_tokens(p, k)`, `expectations_by_length(p)`: E(k) = 1 + sum_{i<=k} prod_{j<=i} p_j, the
-  tokens a cycle commits when k proposed tokens are verified.
-- `tree_options(draft, second, shared)`: a row's draft path and a second branch (lookup's, or the
-  lattice's second path) verified as one tree, sharing their first `shared` tokens -> per width w
-  (nodes below the anchor) the best (expected tokens, nodes, draft length, second length) of at
-  most w nodes; empty when one branch is a prefix of the other. At the divergence at most one of the
-  two tokens can be accepted. `best_per_width(options)`: of several such lists, per width the best.
-- A fixed batch (every row known from the start: `generate`, `bench`) ends when its last row does.
-  `plain_seconds(remaining, step)`: plain decoding's time to finish rows with `remaining[r]` tokens
-  left, `step[n - 1]` a plain step of n rows: P(R) = sum_i (R_(i) - R_(i-1)) * step(b - i + 1);
-  `saved_seconds(remaining, expected, step)`: what a cycle committing `expected[r]` saves, P(R) -
-  P(R - E); `step_curve(b, seconds)`: `step` for 1..b rows from `seconds(n)` at powers of two and b,
-  never decreasing in n. Rating a fixed batch's cycle by saved seconds per second is one step of
-  policy improvement over plain decoding: in expectation its last row ends no later.
+- `AcceptanceModel`: P(a reached token is accepted | its confidence bin), greedy and sampled rows
+  apart, as Beta counts whose prior follows the table's calibration so far (`scale`).
+- `expectations_by_length(p)`: E(k) = 1 + sum_{i<=k} prod_{j<=i} p_j, the tokens a cycle commits
+  when k proposed tokens are verified; `tree_options`: the same for two branches as one tree.
+- A fixed batch ends with its last row: `saved_seconds` is what a cycle saves of the plain decoding
+  time that takes (rated per second: one step of policy improvement, the last row ends no later).
 """
 from __future__ import annotations
 
@@ -42,21 +28,15 @@ class AcceptanceModel:
         accepted, predicted = self.totals.get(greedy, (0.0, 0.0))
         return (accepted + self.scale_weight) / (predicted + self.scale_weight)
 
-    def _table(self, greedy: bool, keep: bool = False) -> list[list[float]]:
-        """The counts of greedy or sampled rows (the prior's until one is observed; `keep`: stored)."""
-        table = self.counts.get(greedy)
-        if table is None:
-            table = [[self.prior_weight * (i + 0.5) / self.bins, self.prior_weight] for i in range(self.bins)]
-            if keep:
-                self.counts[greedy] = table
-        return table
+    def _prior(self) -> list[list[float]]:
+        return [[self.prior_weight * (i + 0.5) / self.bins, self.prior_weight] for i in range(self.bins)]
 
     def _bin(self, confidence: float) -> int:
         return min(int(confidence * self.bins), self.bins - 1)
 
     def probabilities(self, confidence: list[float], greedy: bool, optimism: float = 0.0) -> list[float]:
-        out = []
-        table, scale = self._table(greedy), self.scale(greedy)
+        """Each token's posterior mean plus `optimism` standard deviations."""
+        table, scale, out = self.counts.get(greedy) or self._prior(), self.scale(greedy), []
         for c in confidence:
             i = self._bin(c)
             accepted, reached = table[i]
@@ -67,29 +47,27 @@ class AcceptanceModel:
 
     def observe(self, confidence: list[float], greedy: bool, verified: int, accepted: int) -> None:
         """Tokens 1..verified were verified and 1..accepted accepted: 1..min(accepted + 1, verified) reached."""
-        table = self._table(greedy, keep=True)
-        totals = self.totals.setdefault(greedy, [0.0, 0.0])
+        table, totals = self.counts.setdefault(greedy, self._prior()), self.totals.setdefault(greedy, [0.0, 0.0])
         for j in range(min(accepted + 1, verified)):
-            i = self._bin(confidence[j])
-            table[i][0] += 1.0 if j < accepted else 0.0
+            i, hit = self._bin(confidence[j]), 1.0 if j < accepted else 0.0
+            table[i][0] += hit
             table[i][1] += 1.0
-            totals[0] += 1.0 if j < accepted else 0.0
+            totals[0] += hit
             totals[1] += (i + 0.5) / self.bins
 
 
-def expectations_by_length(probabilities: list[float]) -> list[float]:
-    out, reach = [1.0], 1.0
+def expectations_by_length(probabilities: list[float], reach: float = 1.0, first: float = 1.0) -> list[float]:
+    """[E(0), ..., E(len)]; `reach`: the chance the first token is reached, `first`: E(0)."""
+    out = [first]
     for a in probabilities:
         reach *= a
         out.append(out[-1] + reach)
     return out
 
 
-def expected_tokens(probabilities: list[float], k: int) -> float:
-    return expectations_by_length(probabilities[:k])[-1]
-
-
 def tree_options(draft: list[float], second: list[float], shared: int) -> list[tuple[float, int, int, int]]:
+    """Two branches sharing their first `shared` tokens -> per width (nodes) the best (expected tokens,
+    nodes, draft length, second length); [] when one is a prefix of the other."""
     if shared >= min(len(draft), len(second)):
         return []
     reach, base = 1.0, 1.0
@@ -98,15 +76,7 @@ def tree_options(draft: list[float], second: list[float], shared: int) -> list[t
         base += reach
     both = draft[shared] + second[shared]
     start = reach / both if both > 1 else reach          # the two diverging tokens: at most one accepted
-
-    def gains(p: list[float]) -> list[float]:           # expected tokens from the first j divergent nodes
-        out, r = [0.0], start
-        for a in p[shared:]:
-            r *= a
-            out.append(out[-1] + r)
-        return out
-
-    draft_gain, second_gain = gains(draft), gains(second)
+    draft_gain, second_gain = (expectations_by_length(p[shared:], start, 0.0) for p in (draft, second))
     best = [(0.0, 0, 0, 0)] * (len(draft) + len(second) - shared + 1)
     for i in range(1, len(draft_gain)):
         for j in range(1, len(second_gain)):
@@ -122,14 +92,12 @@ def tree_options(draft: list[float], second: list[float], shared: int) -> list[t
 def best_per_width(options: list[tuple[list[tuple[float, int, int, int]], str]]) -> list[tuple[float, int, int, int, str]]:
     """(`tree_options` list, its second branch's source) pairs of one row -> per width the best."""
     widest = max((len(o) for o, _ in options), default=0)
-    best = []
-    for w in range(widest):
-        candidates = [(*o[min(w, len(o) - 1)], name) for o, name in options if o]
-        best.append(max(candidates, key=lambda c: c[0]))
-    return best
+    return [max([(*o[min(w, len(o) - 1)], name) for o, name in options if o], key=lambda c: c[0])
+            for w in range(widest)]
 
 
 def plain_seconds(remaining: list[float], step: list[float]) -> float:
+    """Plain decoding's time to finish rows with `remaining` tokens, `step[n - 1]` a step of n rows."""
     total, before, b = 0.0, 0.0, len(remaining)
     for i, r in enumerate(sorted(remaining)):
         total += (r - before) * step[b - i - 1]
@@ -143,6 +111,7 @@ def saved_seconds(remaining: list[float], expected: list[float], step: list[floa
 
 
 def step_curve(b: int, seconds: Callable[[int], float]) -> list[float]:
+    """A plain step of 1..b rows from `seconds(n)` at powers of two and b, never decreasing."""
     points = sorted({b} | {1 << i for i in range(b.bit_length()) if 1 << i < b})
     known = [(n, seconds(n)) for n in points]
     steps = [known[0][1]]

@@ -1,25 +1,14 @@
-"""The speculation policy: when to speculate and how much to verify. The choice is `chooser`'s pure
-functions; `SpeculationPolicy` is the one object that learns, and only from cycle records.
+"""The speculation policy: `SpeculationPolicy` is the one object that learns, and only from cycle
+records; its choice is `chooser`'s pure functions.
 
-Contract:
-- `SpeculationPolicy(mode, costs, ...)` (the rest: `chooser.Settings`): `never` decodes plainly;
-  `always` drafts and verifies the whole block every cycle; `auto` verifies what pays for itself
-  and falls back to plain decoding while the draft does not.
-- `calibrate(target, block)`, at a batch's admission: the cost model's start-up figures (stored per
-  machine, `calibration`), once; True when it ran (its time is no cycle's).
-- `prepare(b, offer, block, can_draft)` -> `CyclePlan` (reads only): whether the cycle runs the
-  draft pass (not in a fallback, not at a batch size this run has not timed a plain step of, and,
-  with lookup's `offer` in hand, `chooser.worth_drafting`), whether it is a probe (the first draft
-  cycle, and the first after a fallback), and `choose`.
-- `observe(record)`, the only writer: acceptance tables, cost model (and a stale stored
-  calibration), the back-offs the plan and choice carry and, in `auto`, the evidence: each draft
-  cycle's gain (the plain decoding time it saved beyond `Choice.baseline`, less its own time, in
-  plain steps) goes into `GainEvidence`; the draft pass stops only when even the evidence's
-  optimistic bound is a loss, for long enough that what the draft cycles since the last fallback
-  lost on balance (`stretch`) is at most `budget` of the fallback's time, at least
-  `fallback.length` steps (doubling, back to the shortest while the evidence's mean is a gain).
-  So a draft that never pays costs at most `budget` of plain decoding's time after a few cycles.
-- `fresh()`: the same settings and cost model (and its calibration store), nothing learned.
+Contract: `SpeculationPolicy(mode, costs, ...)` (the rest: `chooser.Settings`): `never` decodes
+plainly, `always` verifies the whole block every cycle, `auto` what pays for itself.
+`prepare(b, offer, block, can_draft)` -> `CyclePlan`, reading only; `observe(record)`, the only
+writer: tables, costs, back-offs, and in `auto` `GainEvidence` of each draft cycle's gain (the plain
+decoding time it saved beyond `Choice.baseline`, less its own, in plain steps). The draft pass stops
+only when even the evidence's optimistic bound is a loss, until what the draft cycles since the
+last fallback lost (`stretch`) is `budget` of the fallback's time: a draft that never pays costs at
+most `budget` of plain decoding's time. The first draft cycle, and the first after a fallback, probe.
 """
 from __future__ import annotations
 
@@ -27,59 +16,52 @@ import math
 from dataclasses import asdict, dataclass
 from functools import partial
 
-from dflash2.decoding.policy.calibration import calibrate_cached
 from dflash2.decoding.policy.chooser import (SPECULATE_MODES, Pricing, Settings, Tables, choose, unmeasured,
                                              worth_drafting)
-from dflash2.decoding.policy.costs import CostModel
+from dflash2.decoding.policy.costs import CostModel, calibrate_cached
 from dflash2.decoding.policy.cycle import LATTICE, Backoff, CyclePlan, CycleRecord, Offer
 from dflash2.decoding.policy.expectation import AcceptanceModel
 
 DRAFT_SCALE_WEIGHT = 8.0   # the draft's confidence is a trained model's probability: its table-wide calibration
                            # moves only as evidence worth 8 reached tokens says (lookup's heuristic one: 2)
+DECAY, PRIOR, CLIP = 0.99, 4.0, 2.0   # `GainEvidence`: weight per cycle, pseudo-cycles at gain 0, largest |gain|
 
 
 @dataclass
 class GainEvidence:
-    """What draft cycles gained, each in plain steps of its batch (+1.0: a step gained), clipped to
-    +-`clip`, exponentially weighted (`decay` per draft cycle, and per plain step by `age`), and shrunk
-    towards `prior` pseudo-cycles at gain 0 with spread `spread`: one or two cycles are weak evidence,
-    three that lose most of a plain step (or eight that lose a quarter) are strong."""
-    decay: float = 0.99
-    prior: float = 4.0
-    clip: float = 2.0
-    spread: float = 1.0
+    """Draft cycles' gains in plain steps (+1.0: a step gained), clipped, weighted by `DECAY` per draft
+    cycle and plain step, shrunk towards `PRIOR` cycles at gain 0 (spread 1): one or two cycles are
+    weak evidence, three that lose most of a plain step (or eight that lose a quarter) strong."""
     weight: float = 0.0       # sum of the weights of the cycles seen
     total: float = 0.0        # weighted sum of their gains
     squares: float = 0.0      # weighted sum of their squared gains
 
-    def age(self, steps: int = 1) -> None:
-        factor = self.decay ** steps
-        self.weight, self.total, self.squares = self.weight * factor, self.total * factor, self.squares * factor
+    def age(self) -> None:
+        self.weight, self.total, self.squares = self.weight * DECAY, self.total * DECAY, self.squares * DECAY
 
     def add(self, gain: float) -> None:
         self.age()
-        gain = max(-self.clip, min(self.clip, gain))
+        gain = max(-CLIP, min(CLIP, gain))
         self.weight, self.total, self.squares = self.weight + 1.0, self.total + gain, self.squares + gain * gain
 
     def mean(self) -> float:
-        return self.total / (self.weight + self.prior)
+        return self.total / (self.weight + PRIOR)
 
     def upper(self, z: float) -> float:
         """The mean plus `z` standard errors."""
-        n = self.weight + self.prior
-        mean = self.total / n
-        return mean + z * math.sqrt(max((self.squares + self.prior * self.spread ** 2) / n - mean * mean, 0.0) / n)
+        n, mean = self.weight + PRIOR, self.mean()
+        return mean + z * math.sqrt(max((self.squares + PRIOR) / n - mean * mean, 0.0) / n)   # the prior: spread 1
 
 
 class SpeculationPolicy:
     def __init__(self, mode: str = "auto", costs: CostModel | None = None, min_backoff: int = 8,
-                 max_backoff: int = 512, budget: float = 0.02, optimism: float = 1.0, margin: float = 0.0,
-                 sources: int = 1):
+                 max_backoff: int = 512, budget: float = 0.02, optimism: float = 1.0, sources: int = 1):
         if mode not in SPECULATE_MODES:
             raise ValueError(f"speculate mode must be one of {', '.join(SPECULATE_MODES)}, got {mode!r}")
-        self.settings = Settings(mode, min_backoff, max_backoff, budget, optimism, margin, sources)
+        self.settings = Settings(mode, min_backoff, max_backoff, budget, optimism, sources)
         self.costs = costs or CostModel()
-        self.tables = Tables(AcceptanceModel(scale_weight=DRAFT_SCALE_WEIGHT), AcceptanceModel(), AcceptanceModel())
+        self.tables: Tables = {"draft": AcceptanceModel(scale_weight=DRAFT_SCALE_WEIGHT), "lookup": AcceptanceModel(),
+                               LATTICE: AcceptanceModel()}
         self.evidence = GainEvidence()
         self.stretch = 0.0               # seconds the draft cycles since the last fallback lost, on balance
         self.probing = True              # the next draft pass is a probe
@@ -92,29 +74,29 @@ class SpeculationPolicy:
     def mode(self) -> str:
         return self.settings.mode
 
-    def fresh(self) -> "SpeculationPolicy":
+    def fresh(self) -> SpeculationPolicy:
+        """The same settings and cost model (its calibration store too), nothing learnt."""
         return SpeculationPolicy(costs=self.costs, **asdict(self.settings))
 
     def calibrate(self, target, block: int) -> bool:
+        """The cost model's start-up figures, once (True: measured or read now; not a cycle's time)."""
         if self.mode != "auto" or self.costs.calibrated or block < 2:
             return False
         self.costs.store = calibrate_cached(self.costs, target, block)
         return True
 
     def prepare(self, b: int, offer: Offer, block: int, can_draft: bool = True) -> CyclePlan:
-        drafting = can_draft and block > 1
+        draft, probe, fallback, skips = can_draft and block > 1, False, False, None
         if self.mode != "auto":
-            return self._plan(b, block, self.mode == "always" and drafting)
-        if self.fallback.waiting:
-            return self._plan(b, block, False, fallback=True)
-        if unmeasured(self.costs, self.settings, b):
-            return self._plan(b, block, False)
-        draft, skips = worth_drafting(self.tables, self.costs, self.settings, b, block, offer, self.outlook,
-                                      self.draft_skips) if drafting else (False, None)
-        return self._plan(b, block, draft, probe=self.probing, skips=skips)
-
-    def _plan(self, b: int, block: int, draft: bool, probe: bool = False, fallback: bool = False,
-              skips: Backoff | None = None) -> CyclePlan:
+            draft = draft and self.mode == "always"
+        elif self.fallback.waiting:
+            draft, fallback = False, True
+        elif unmeasured(self.costs, self.settings, b):
+            draft = False
+        else:
+            draft, skips = worth_drafting(self.tables, self.costs, self.settings, b, block, offer, self.outlook,
+                                          self.draft_skips) if draft else (False, None)
+            probe = self.probing
         chooser = partial(choose, self.tables, self.costs, self.settings, b, block, probe, self.lookup_probes)
         return CyclePlan(draft, probe, fallback, skips, chooser)
 
@@ -129,7 +111,7 @@ class SpeculationPolicy:
         if choice.draft_yield is not None:   # the draft's usual yield: a moving average
             self.outlook = (float(choice.draft_yield[0]), choice.draft_yield[1]) if self.outlook is None else tuple(
                 0.8 * old + 0.2 * new for old, new in zip(self.outlook, choice.draft_yield))
-            if choice.draft_chosen:
+            if "draft" in choice.sources or choice.has_tree:   # the draft was chosen
                 self.draft_skips = self.draft_skips.relax()
         if choice.lookup_probes is not None:
             self.lookup_probes = choice.lookup_probes
@@ -148,17 +130,17 @@ class SpeculationPolicy:
         for r, (source, verified, accepted) in enumerate(zip(choice.sources, record.verified, record.accepted)):
             if source == "tree":      # each branch calibrates its own source
                 (n_draft, n_second), (draft_accepted, second_accepted) = choice.branches[r], record.branch_accepted[r]
-                self.tables.draft.observe(offer.draft[r], True, n_draft, draft_accepted)
+                self.tables["draft"].observe(offer.draft[r], True, n_draft, draft_accepted)
                 fork = offer.forks[r] if choice.second_source(r) == LATTICE else None
                 if fork is None:
-                    self.tables.lookup.observe(offer.lookup[r], True, n_second, second_accepted)
+                    self.tables["lookup"].observe(offer.lookup[r], True, n_second, second_accepted)
                 elif second_accepted >= fork:   # the lattice's own tokens, reached once the shared ones were accepted
-                    self.tables.lattice.observe(offer.lattice[r][fork:], True, n_second - fork, second_accepted - fork)
+                    self.tables[LATTICE].observe(offer.lattice[r][fork:], True, n_second - fork, second_accepted - fork)
             elif source and verified:
-                self.tables.of(source).observe(offered[source][r], offer.greedy[r], verified, accepted)
+                self.tables[source].observe(offered[source][r], offer.greedy[r], verified, accepted)
 
     def _weigh(self, record: CycleRecord) -> None:
-        pricing = Pricing(self.costs, record.b)
+        pricing = Pricing(self.costs, record.b, remaining=record.offer.remaining)
         loss = pricing.realised_loss(record) - record.choice.baseline
         self.evidence.add(-loss / max(pricing.plain_step(), 1e-9))
         self.stretch = max(0.0, self.stretch + loss)
