@@ -15,7 +15,7 @@ that cannot run here: the reason goes into the results instead. SUMMARY has `tok
   venv (default `.venv-peers`, made by `scripts/setup_peers.sh`; `--peers-python` or
   `$DFLASH2_PEERS_PYTHON` override), over a JSON file protocol, batch 1.
 - serving engines (`vllm`, `vllm-dflash`, `mlx-dflash`): `dflash2.eval.engine_peers`, each in its
-  own venv, same protocol.
+  own venv, same protocol; llama.cpp (`llama-cpp`, `llama-cpp-dflash`): `dflash2.eval.llama_peers`.
 """
 from __future__ import annotations
 
