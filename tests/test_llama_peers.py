@@ -8,7 +8,6 @@ The tests that run llama.cpp are skipped where it is not installed
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader
@@ -20,8 +19,7 @@ from dflash2.eval.bench_runs import DatasetRun
 from dflash2.export import llama_cpp
 from dflash2.targets.builtin import BUILTIN_TARGETS, SOURCE_RECORD, open_target
 
-LLAMA = llama_cpp.find_llama_cpp()
-needs_llama_cpp = pytest.mark.skipif(LLAMA is None, reason="llama.cpp is not installed (" + llama_cpp.INSTALL_HINT + ")")
+from test_engine_acceptance import LLAMA, _no_llama_cpp_anywhere, needs_llama_cpp
 
 
 def test_the_llama_peers_are_bench_peers_and_parse(tmp_path):
@@ -50,13 +48,6 @@ def test_only_a_built_in_target_has_a_gguf(tmp_path):
     (converted / SOURCE_RECORD).write_text(json.dumps({"target": "elsewhere"}))
     assert llama_peers.source_gguf(str(converted), tmp_path) is None
     assert llama_peers.source_gguf(str(tmp_path), tmp_path) is None
-
-
-def _no_llama_cpp_anywhere(monkeypatch, folder: Path) -> None:
-    monkeypatch.delenv(llama_cpp.ENV, raising=False)
-    monkeypatch.setenv("PATH", str(folder))
-    monkeypatch.chdir(folder)
-    monkeypatch.setattr(llama_cpp, "PIP_BIN", Path("no-such-install"))
 
 
 def test_without_llama_cpp_both_peers_are_unavailable_with_the_install_hint(tmp_path, monkeypatch, capsys):
