@@ -272,6 +272,8 @@ CASES = {
         Case(("bench", "--top-p", "2"), "top_p"),
         Case(("bench", "--datasets", "nosuch"), "'nosuch'"),
         Case(("bench", "--peers", "nosuch"), "'nosuch'"),
+        Case(("bench", "--peers", "llama-cpp", "--llama-threads", "0"), "--llama-threads"),
+        Case(("bench", "--peers", "llama-cpp", "--llama-cpp", "nowhere"), "'nowhere'"),
         Case(("bench", "--proposer", "draft,nosuch"), "'nosuch'"),
         Case(("bench", "--tiny", "--datasets", "gsm8k", "--num-prompts", "1", "--output", "out"), "interrupted", 130,
              _interrupt("dflash2.eval.bench:run_sides"), loads=True, chatter="#"),

@@ -39,8 +39,9 @@ reuses those of an interrupted run with identical settings, weights and code.
 `--no-baseline` skips the autoregressive runs (acceptance length and throughput only; speedup and
 mismatches are None), e.g. for comparing drafts; MT-Bench's next turn then follows the speculative
 answer (a target sample either way; identical to the autoregressive one at T=0).
-With `--peers [hf,pld,dflash,vllm,vllm-dflash,mlx-dflash]` it also runs the peers of
-`dflash2.eval.peers` / `dflash2.eval.engine_peers` at batch 1.
+With `--peers [hf,pld,dflash,vllm,vllm-dflash,mlx-dflash,llama-cpp,llama-cpp-dflash]` it also runs the
+peers of `dflash2.eval.peers` / `engine_peers` / `llama_peers` at batch 1 (llama.cpp: `--llama-cpp
+DIR`, `--llama-threads N`, default `--threads`, else torch's thread count).
 Writes OUTPUT/results.json, results.md and the PNG plots of `dflash2.eval.plots`.
 """
 from __future__ import annotations
@@ -57,13 +58,14 @@ from dflash2.data.prompts import BENCHMARKS, PROJECT_SETS, load_conversations
 from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.proposers.kinds import PROPOSERS
 from dflash2.errors import DFlash2Error, require
-from dflash2.eval import engine_peers, float32_reference
+from dflash2.eval import engine_peers, float32_reference, llama_peers
 from dflash2.eval import peers as peer_runs
 from dflash2.eval.audit import reference_loader
 from dflash2.eval import plots
 from dflash2.eval.bench_report import render_markdown
 from dflash2.eval.bench_runs import DEFINITIONS, DatasetRun, PairRuns, Side, entry
 from dflash2.eval.parts import PartStore, run_fingerprint, weights_digest
+from dflash2.export.llama_cpp import ENV as LLAMA_CPP_ENV, find_llama_cpp
 from dflash2.files.atomic import check_output, fmt, write_json, write_text
 from dflash2.pipeline import Pipeline, build_pipeline, shipped_draft_path
 from dflash2.runtime.provenance import cpu_ticks, git_commit, machine_identity, machine_info, machine_line, steal_share
@@ -72,7 +74,7 @@ from dflash2.targets.builtin import BUILTIN_TARGETS, load_target_model, open_tar
 from dflash2.targets.chat import encode_messages
 from dflash2.targets.grouped_attention import stock_attention
 
-PEER_NAMES = peer_runs.PEER_NAMES + engine_peers.ENGINE_PEER_NAMES   # what --peers accepts
+PEER_NAMES = peer_runs.PEER_NAMES + engine_peers.ENGINE_PEER_NAMES + llama_peers.LLAMA_PEER_NAMES   # --peers
 
 @dataclass(frozen=True)
 class BenchSettings:
@@ -94,6 +96,8 @@ class BenchSettings:
     peers_python: str | None = None
     proposers: tuple[str, ...] = ()  # measured side by side, in this order; empty: the pipeline's own
     reference: bool = True           # a reduced-precision run also decodes the float32 target plainly (a row)
+    llama_cpp: str | None = None     # llama.cpp's directory (llama peers); None: `find_llama_cpp`'s search
+    llama_threads: int | None = None  # llama.cpp's threads; None: the model's --threads, else torch's
 
     def generation(self, stop_token_ids=()) -> GenerationConfig:
         return GenerationConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
@@ -109,6 +113,10 @@ class BenchSettings:
         unknown = sorted(self.peers - set(PEER_NAMES))
         if unknown:
             raise DFlash2Error(f"unknown peer '{unknown[0]}' (choose from {', '.join(PEER_NAMES)})")
+        require(self.llama_threads is None or self.llama_threads > 0,
+                f"--llama-threads must be a positive integer, got {self.llama_threads}")
+        if self.llama_cpp and self.peers & set(llama_peers.LLAMA_PEER_NAMES):
+            find_llama_cpp(self.llama_cpp)   # a wrong directory: refused before any load
         return self
 
 
@@ -135,9 +143,11 @@ def parse_args(argv) -> BenchSettings:
                    "(speedup_median: the median of the paired ratios, for noisy machines)")
     p.add_argument("--output", default="runs/bench", help="directory for results.json, results.md and plots")
     p.add_argument("--peers", nargs="?", const="all", default=None,
-                   help="also run peers: all (default) or a comma list of hf, pld, dflash, vllm, vllm-dflash, "
-                        "mlx-dflash")
+                   help="also run peers: all (default) or a comma list of " + ", ".join(PEER_NAMES))
     p.add_argument("--peers-python", default=None, help="python of the peers venv (default .venv-peers/bin/python)")
+    p.add_argument("--llama-cpp", default=None, help="directory of llama.cpp's programs (llama peers; default: "
+                   f"${LLAMA_CPP_ENV}, PATH, or the scripts' .engines install)")
+    p.add_argument("--llama-threads", type=int, default=None, help="llama.cpp's threads (default: --threads)")
     p.add_argument("--no-reference", action="store_true", help="below float32, skip the float32 plain decoder's "
                    "reference row (the lossless audit still loads the float32 target if a sequence differs)")
     args = p.parse_args(argv)
@@ -154,7 +164,8 @@ def parse_args(argv) -> BenchSettings:
     return BenchSettings(ModelSettings.from_args(args), tuple(datasets), tuple(args.dataset_file or ()),
                          args.num_prompts, args.max_new_tokens, args.temperature, args.top_p, args.top_k,
                          not args.no_baseline, args.resume, tuple(int(c) for c in items), args.repeats, args.output,
-                         frozenset(peers), args.peers_python, proposers, not args.no_reference).validate()
+                         frozenset(peers), args.peers_python, proposers, not args.no_reference, args.llama_cpp,
+                         args.llama_threads).validate()
 
 
 def parse_proposers(text: str | None) -> tuple[str, ...]:
@@ -290,6 +301,11 @@ def run_peers(pipe: Pipeline, settings: BenchSettings, config, prompts, ar_outpu
                 if report.get("status") == "ok":
                     store.save(f"peers-{spec.short}", report)
             reports[spec.key] = report
+    if wanted & set(llama_peers.LLAMA_PEER_NAMES):   # llama.cpp, plain and with the draft, prompt by prompt in turn
+        reports.update(llama_peers.stored(store, llama_peers.LlamaJob(
+            wanted, settings.model.target, settings.model.tiny, peer_model_dirs(pipe, settings.model, out)[1],
+            pipe.precision.name, llama_peers.threads(settings.llama_threads, settings.model.threads), block, prompts,
+            greedy_refs, pipe.tokenizer, config, out / "peer-models", settings.llama_cpp)))
     for key, report in reports.items():  # the terminal says so too, not only the results files
         if report.get("status") != "ok":
             print(f"# peers: {key} {report.get('status')}: {report.get('reason', '')}", file=sys.stderr)

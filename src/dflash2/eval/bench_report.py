@@ -8,9 +8,9 @@ speedup on the batches with none), per-position acceptance and the tau histogram
 there is one (with the drafts verified per cycle, the plain steps of fallback and what speculating
 cost on the speculative decoder's own clock), the proposers side by side when several were
 measured (`render_proposers`: per dataset and batch size, tau, speedup, tokens accepted from each
-source, the tree cycles and their extra nodes), the peers table and
-notes (`render_peers`), and the plots. A pure function of `results`: a saved results.json
-renders the same report again.
+source, the tree cycles and their extra nodes), the peers table and notes (`render_peers`: a
+peer under its `name` where it has one, e.g. "llama.cpp plain (bf16 GGUF)"), and the plots. A
+pure function of `results`: a saved results.json renders the same report again.
 """
 from __future__ import annotations
 
@@ -105,12 +105,13 @@ def render_peers(results: dict) -> str:
         if report["status"] != "ok":
             continue
         for name, d in list(report["datasets"].items()) + [("overall", report["overall"])]:
-            rows.append([key, name, d.get("acceptance_length"), d.get("tokens_per_second"), d.get("speedup"),
+            rows.append([report.get("name", key), name, d.get("acceptance_length"), d.get("tokens_per_second"), d.get("speedup"),
                          d.get("mismatches")])
     lines.append(markdown_table(["decoder", "dataset", "tau", "tok/s", "speedup", "mismatches vs dflash2 AR"], rows))
     for key, report in results["peers"].items():
         status = report["status"] + (f": {report['reason']}" if report.get("reason") else "")
-        lines.append(f"- **{key}** ({report['description']}): {status}")
+        shown = f"{report['name']}, `{key}`" if report.get("name") else key
+        lines.append(f"- **{shown}** ({report['description']}): {status}")
         lines += [f"  - {note}" for note in report.get("notes", [])]
     return "\n".join(lines) + "\n"
 

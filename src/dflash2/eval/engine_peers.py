@@ -14,7 +14,7 @@ runs one engine in its own virtual environment through its runner script (`vllm_
 variable, else the spec's venv directory in the current directory or the source checkout. A
 missing venv is `unavailable` with the command that creates it. Greedy only: at T > 0 the engines
 are reported `unavailable` (their runners decode greedily, which the lossless comparison needs).
-`exported_draft(draft_dir, form, scratch)` writes the export the engine loads;
+`exported_draft(draft_dir, form, scratch, dtype)` writes the export the engine loads (llama.cpp's too);
 `run_runner(spec, python, request)` is the one call of a runner script (its result JSON, or
 `{"ok": false, "error": ...}`), shared with `dflash2 acceptance` and scripts/engines/check.py.
 """
@@ -69,9 +69,11 @@ def engine_python(spec: EnginePeer, explicit: str | None = None) -> Path | None:
     return None
 
 
-def exported_draft(draft_dir: str, form: str, scratch: Path) -> Path:
-    out = scratch / f"draft-{form}"
-    export_draft(ExportSettings(draft=Path(draft_dir), form=form, out=out, force=True, measure_prompts=0))
+def exported_draft(draft_dir: str, form: str, scratch: Path, dtype: str = "auto", **options) -> Path:
+    """The export in `scratch/draft-FORM[-DTYPE]` (replaced); `options`: other `ExportSettings` fields."""
+    out = scratch / (f"draft-{form}" if dtype == "auto" else f"draft-{form}-{dtype}")
+    export_draft(ExportSettings(draft=Path(draft_dir), form=form, out=out, force=True, dtype=dtype, measure_prompts=0,
+                                **options))
     return out
 
 

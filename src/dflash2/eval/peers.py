@@ -15,7 +15,7 @@ that cannot run here: the reason goes into the results instead. SUMMARY has `tok
   venv (default `.venv-peers`, made by `scripts/setup_peers.sh`; `--peers-python` or
   `$DFLASH2_PEERS_PYTHON` override), over a JSON file protocol, batch 1.
 - serving engines (`vllm`, `vllm-dflash`, `mlx-dflash`): `dflash2.eval.engine_peers`, each in its
-  own venv, same protocol.
+  own venv, same protocol; llama.cpp (`llama-cpp`, `llama-cpp-dflash`): `dflash2.eval.llama_peers`.
 """
 from __future__ import annotations
 
@@ -38,8 +38,9 @@ PEER_NAMES = ("hf", "pld", "dflash")   # the peers run here; `engine_peers` adds
 
 
 def summarize(rows: list[dict], reference: list[list[int]] | None, baseline_tpot_ms: float | None = None) -> dict:
-    """rows: {"tokens", "seconds", "passes"?} per prompt; reference: dflash2 AR outputs (T=0) or None."""
-    tokens = sum(len(r["tokens"]) for r in rows)
+    """rows: {"tokens" (or only their count, "new_tokens"), "seconds", "passes"?} per prompt; reference:
+    dflash2 AR outputs (T=0) or None (a peer that prints text counts its mismatches itself)."""
+    tokens = sum(r["new_tokens"] if "new_tokens" in r else len(r["tokens"]) for r in rows)
     seconds = sum(r["seconds"] for r in rows)
     passes = [r.get("passes") for r in rows]
     tpot = seconds / tokens if tokens else None

@@ -13,7 +13,7 @@ Contract:
   `SpecRun`: with `verbose`, the tokens committed per verification cycle that verified drafts
   (from its debug lines "accepted a/n draft tokens": a + 1 each); the generated text (stdout after
   the prompt); its counters (n_predict, n_drafted, n_accept; `passes` = n_predict - n_accept target
-  passes) and decode time. `spec_type` "none" is plain decoding in the same loop (n-gram drafting allowed 0 tokens: the
+  passes), its prefill time (`encode_seconds`: the prompt) and decode time. `spec_type` "none" is plain decoding in the same loop (n-gram drafting allowed 0 tokens: the
   program refuses `--spec-type none`). `Run.threads`
   defaults to 1: with more threads than idle cores (a shared machine), llama.cpp's spinning thread
   barriers make every pass many times slower (1.5 against 28 one-token passes/s measured here).
@@ -150,6 +150,7 @@ class SpecRun:
     n_accept: int
     decode_seconds: float
     command: list[str]
+    encode_seconds: float = 0.0   # the prompt's prefill (all of it but its last token, which the first pass takes)
 
     @property
     def tokens_per_second(self) -> float:
@@ -190,7 +191,8 @@ def speculative(lc: LlamaCpp, run: Run) -> SpecRun:
         n_predict=_number(r"n_predict\s*=\s*(\d+)", output), n_drafted=_number(r"n_drafted\s*=\s*(\d+)", output),
         n_accept=_number(r"n_accept\s*=\s*(\d+)", output),
         decode_seconds=_number(r"decoded\s+\d+ tokens in\s+([\d.]+) seconds", output, float),
-        command=["llama-speculative-simple", *args])
+        command=["llama-speculative-simple", *args],
+        encode_seconds=_number(r"encoded\s+\d+ tokens in\s+([\d.]+) seconds", output, float))
 
 
 def tokenize(lc: LlamaCpp, model: Path, text: str) -> list[int]:
