@@ -71,8 +71,8 @@ def _output_directory(out: Path) -> Iterator[Path]:
 
 def _measures(settings: ExportSettings, config: DFlash2Config) -> bool:
     changed = (settings.form == "dflash-v1" and config.is_dflash2) or config.draft_vocab_size is not None
-    a_gguf_target = settings.form == "gguf" and settings.target.endswith(".gguf")   # a tokenizer, not a model
-    return changed and settings.measure_prompts > 0 and not a_gguf_target
+    # a GGUF is measured where it runs (llama.cpp's advice), not reloaded here as a checkpoint
+    return changed and settings.measure_prompts > 0 and settings.form != "gguf"
 
 
 def check(settings: ExportSettings) -> DFlash2Config:
