@@ -1,7 +1,7 @@
 """Repetition figures of a saved bench run, from its parts: how much each dataset's answers repeat
 themselves, and each proposer's speedup on the answers that do not loop (batch 1).
 
-Usage: PYTHONPATH=src python scripts/loop_report.py docs/bench/full-t0 [--concurrency 1]
+Usage: PYTHONPATH=src python scripts/loop_report.py docs/bench/full-fp32-t0 [--concurrency 1]
 
 Reads OUTPUT/parts/dataset-*.json of `dflash2 bench` (also runs made before bench reported these
 figures itself: their batches are rebuilt from the batch size, prompts in order) and prints, per
