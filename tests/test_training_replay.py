@@ -78,13 +78,12 @@ def test_rejected_blocks_come_back_next_step_at_their_anchors(tmp_path):
     second = trainer.step_batches()
     budget = replay_anchors(4, 0.5) * len(trainer.order.shard(1, 0, 1, 1)[0])
     replayed = set()
-    for batch in second:
-        assert batch.replayed is not None
+    *uniform, last = second
+    assert [b.indices for b in uniform] == [[e.index for e in m] for m in trainer.order.shard(1, 0, 1, 1)]
+    assert all(b.replayed is None for b in uniform)
+    assert torch.equal(last.replayed, last.block_valid)         # the replay rows: a micro-batch of their own
+    for batch in [last]:
         for row in range(batch.anchors.shape[0]):
-            marks = batch.replayed[row][batch.block_valid[row]]
-            assert marks.all() or not marks.any()                # a row is replayed whole or not at all
-            if not marks.any():
-                continue
             index = batch.indices[row]
             ids, mask = trainer.train_sequences[index]
             for anchor in batch.anchors[row][batch.block_valid[row]].tolist():
@@ -101,17 +100,30 @@ def test_rejected_blocks_come_back_next_step_at_their_anchors(tmp_path):
     assert set(trainer.replay.entries) == set(held) - replayed     # taken blocks left the buffer
     assert trainer.replay.in_flight == {k: 1 for k in replayed}
 
-    # The acceptance statistics count the fresh blocks only; the loss covers every block.
-    batch = second[0].to(trainer.dist.device)
+    assert last.num_fresh_tokens == 0 and uniform[0].num_fresh_tokens == uniform[0].num_tokens
+    trainer.close()
+
+
+def test_acceptance_statistics_count_the_fresh_blocks_only(tmp_path):
+    trainer = _trainer(tmp_path, **REPLAY)
+    (batch,) = trainer.step_batches()
+    half = torch.zeros_like(batch.block_valid)
+    half[::2] = True                                               # mark every other row as replayed
+    mixed = dataclasses.replace(batch, replayed=batch.block_valid & half)
     with torch.no_grad():
         signals = trainer.features(batch)
-        _, stats, _ = trainer.module(signals.features, batch, 1.0, _teacher(signals, batch))
-        fresh_only = dataclasses.replace(batch, block_valid=batch.block_valid & ~batch.replayed,
-                                         label_mask=batch.label_mask & ~batch.replayed[:, :, None], replayed=None)
-        _, reference, _ = trainer.module(signals.features, fresh_only, 1.0, _teacher(signals, fresh_only))
+        _, stats, outcome = trainer.module(signals.features, mixed, 1.0, _teacher(signals, batch))
+        fresh_only = dataclasses.replace(batch, block_valid=batch.block_valid & ~half,
+                                         label_mask=batch.label_mask & ~half[:, :, None])
+        _, reference, _ = trainer.module(signals.features, fresh_only, 1.0, _teacher(signals, batch))
+        _, unmarked, same = trainer.module(signals.features, batch, 1.0, _teacher(signals, batch))
     for name in ("blocks", "tau", "tau_base", "count", "top1", "topk", "selector_ok"):
         assert torch.equal(getattr(stats, name), getattr(reference, name)), name
-    assert float(stats.weight) > float(reference.weight)
+    assert float(reference.blocks) < float(unmarked.blocks)
+    assert float(stats.weight) == float(unmarked.weight) > float(reference.weight)   # the loss covers every block
+    assert torch.equal(outcome.accepted, same.accepted) and torch.equal(outcome.near_miss, same.near_miss)
+    # The outcome is the count the logged tau is built from: tau = sum over blocks of 1 + accepted.
+    assert float(unmarked.tau) == float(((1 + same.accepted) * batch.block_valid).sum())
     trainer.close()
 
 
@@ -139,8 +151,10 @@ def test_buffer_threshold_priority_capacity_and_replays():
 
     sequences = {i: (torch.arange(3, 23), torch.ones(20, dtype=torch.bool)) for i in (0, 1, 7)}
     micro = [[Example(torch.arange(3, 23), torch.ones(20, dtype=torch.bool), index=5)]]
-    (rows,) = buffer.extend(micro, sequences)            # budget: 1 row x 2 anchors
-    assert [(r.index, None if r.anchors is None else r.anchors.tolist()) for r in rows] == [(5, None), (0, [2]), (1, [4])]
+    uniform, replay = buffer.extend(micro, sequences)    # budget: 1 row x 2 anchors
+    assert uniform == micro[0]
+    assert [(r.index, r.anchors.tolist()) for r in replay] == [(0, [2]), (1, [4])]
+    rows = uniform + replay
     assert set(buffer.entries) == {(7, 6)} and buffer.in_flight == {(0, 2): 1, (1, 4): 1}
 
     # Trained on again: still rejected -> back (replayed once < max_times 2); no longer rejected -> gone.
@@ -149,7 +163,8 @@ def test_buffer_threshold_priority_capacity_and_replays():
     buffer.observe(batch, outcome, step=2)
     assert set(buffer.entries) == {(7, 6), (0, 2)} and buffer.entries[(0, 2)].replays == 1
     assert buffer.in_flight == {}
-    (rows,) = buffer.extend(micro, sequences)
+    uniform, replay = buffer.extend(micro, sequences)
+    rows = uniform + replay
     batch = build_batch(rows, block_size=4, num_anchors=2, mask_token_id=127, window=None, seed=0)
     buffer.observe(batch, BlockOutcome(torch.zeros_like(batch.anchors), batch.block_valid.clone()), step=3)
     assert (0, 2) not in buffer.entries                  # replayed twice: max_times reached
@@ -160,6 +175,7 @@ def test_buffer_threshold_priority_capacity_and_replays():
     assert restored.entries == buffer.entries
     metrics = buffer.interval_metrics()
     assert metrics["replay_buffer"] == len(buffer) and metrics["replay_rows"] == 4 and metrics["replay_blocks"] == 4
+    assert metrics["replay_tokens"] == 4 * 20
     assert buffer.interval_metrics()["replay_blocks"] == 0
 
 

@@ -70,6 +70,13 @@ class Batch:
     def num_tokens(self) -> int:
         return int(self.attention_mask.sum())
 
+    @property
+    def num_fresh_tokens(self) -> int:
+        """Tokens of the rows drawn from the data, not of replayed records."""
+        if self.replayed is None:
+            return self.num_tokens
+        return int(self.attention_mask[~self.replayed.any(dim=1)].sum())
+
 
 def anchor_generator(seed: int, key: tuple[int, int]) -> torch.Generator:
     """A CPU generator seeded by (run seed, epoch, sample index) only."""

@@ -10,19 +10,22 @@ Contract:
   how many tokens they got right, the step that saw them and how often they were replayed.
   Priority: fewer tokens right first, then the more recent step, then (index, anchor), a total
   order, so everything below is deterministic; past `capacity` the lowest-priority blocks leave.
-- `extend(micro_batches, sequences)`: each micro-batch of m uniformly drawn records gets replay
-  rows appended, holding up to m x `replay_anchors(num_anchors, fraction)` of the buffer's
-  blocks: whole records in priority order (a record's blocks ride in one row, at most
-  `num_anchors` of them, best first), each an `Example` with exactly the recorded anchors. Taken
-  blocks leave the buffer. The uniformly drawn rows keep the rest of the anchors
-  (`fresh_anchors`), so a step has the same number of blocks as without replay, plus the replay
-  rows' context.
+- `extend(micro_batches, sequences)`: a step of m uniformly drawn records (all its micro-batches)
+  gets one more micro-batch of replay rows holding up to m x `replay_anchors(num_anchors,
+  fraction)` of the buffer's blocks: whole records in priority order (a record's blocks ride in
+  one row, at most `num_anchors` of them, best first), each an `Example` with exactly the recorded
+  anchors. Taken blocks leave the buffer. The uniformly drawn rows keep the rest of the anchors
+  (`fresh_anchors`), so a step trains on as many blocks as without replay. The replay rows form a
+  micro-batch of their own so that they are padded only to the largest replay row's block count,
+  not to the uniform rows' (a padding block costs a real block's forward); the trainer's
+  normaliser spans every micro-batch of the step, so the loss is the same as in one batch.
 - `observe(batch, outcome, step)` after each micro-batch's forward: every rejected block of the
   batch enters the buffer; a replayed block that is still rejected re-enters while it was
   replayed fewer than `max_times` times (`max_times` 1: gone once trained on again).
 - `interval_metrics()`: {replay_share (replayed blocks / all blocks trained on), replay_blocks,
-  replay_rows, replay_tau (teacher-forced tau of the replayed blocks, before the step's
-  update), replay_buffer (blocks held)} since the last call.
+  replay_rows, replay_tokens (the replay rows' tokens: re-read context, not in the trainer's
+  `tokens`), replay_tau (teacher-forced tau of the replayed blocks, before the step's update),
+  replay_buffer (blocks held)} since the last call.
 - `state_dict()` / `load_state_dict(state)`: plain lists of ints, saved in every checkpoint so
   `--resume` continues bit-identically. One process only (the trainer refuses ranks > 1).
 """
@@ -89,28 +92,23 @@ class ReplayBuffer:
 
     # ------------------------------------------------------------------ drawing
     def extend(self, micro_batches: list[list[Example]], sequences) -> list[list[Example]]:
-        """Each micro-batch followed by its replay rows (see the module doc)."""
+        """The step's micro-batches, then one of replay rows if the buffer holds any (see the module doc)."""
         per_row = replay_anchors(self.settings.num_anchors, self.settings.fraction)
-        order = sorted(self.entries, key=self._priority)
+        budget = per_row * sum(len(examples) for examples in micro_batches)
         by_record: dict[int, list[Key]] = {}
-        for key in order:                                     # records by their best block, blocks best first
+        for key in sorted(self.entries, key=self._priority):  # records by their best block, blocks best first
             by_record.setdefault(key[0], []).append(key)
-        records = iter(by_record.items())
-        out = []
-        for examples in micro_batches:
-            budget, rows = per_row * len(examples), []
-            while budget > 0:
-                index, keys = next(records, (None, None))
-                if index is None:
-                    break
-                taken = keys[:min(self.settings.num_anchors, budget)]
-                budget -= len(taken)
-                for key in taken:
-                    self.in_flight[key] = self.entries.pop(key).replays + 1
-                ids, mask = sequences[index]
-                rows.append(Example(ids, mask, index=index, anchors=torch.tensor(sorted(a for _, a in taken))))
-            out.append(examples + rows)
-        return out
+        rows = []
+        for index, keys in by_record.items():
+            if budget == 0:
+                break
+            taken = keys[:min(self.settings.num_anchors, budget)]
+            budget -= len(taken)
+            for key in taken:
+                self.in_flight[key] = self.entries.pop(key).replays + 1
+            ids, mask = sequences[index]
+            rows.append(Example(ids, mask, index=index, anchors=torch.tensor(sorted(a for _, a in taken))))
+        return micro_batches + ([rows] if rows else [])
 
     # ------------------------------------------------------------------ recording
     def observe(self, batch: Batch, outcome: BlockOutcome, step: int) -> None:
@@ -123,7 +121,9 @@ class ReplayBuffer:
         anchors = batch.anchors.cpu()
         self.blocks += int(valid.sum())
         self.replay_blocks += int(replayed.sum())
-        self.replay_rows += int(replayed.any(dim=1).sum())
+        replay_rows = replayed.any(dim=1)                                                    # [b]
+        self.replay_rows += int(replay_rows.sum())
+        self.replay_tokens += int(batch.attention_mask.cpu()[replay_rows].sum())
         self.replay_tau += float((1 + accepted)[replayed].sum())
         for row, col in torch.nonzero(valid, as_tuple=False).tolist():
             key = (batch.indices[row], int(anchors[row, col]))
@@ -136,12 +136,12 @@ class ReplayBuffer:
 
     # ------------------------------------------------------------------ metrics and state
     def _zero_interval(self) -> None:
-        self.blocks = self.replay_blocks = self.replay_rows = 0
+        self.blocks = self.replay_blocks = self.replay_rows = self.replay_tokens = 0
         self.replay_tau = 0.0
 
     def interval_metrics(self) -> dict:
         out = {"replay_share": self.replay_blocks / max(self.blocks, 1), "replay_blocks": self.replay_blocks,
-               "replay_rows": self.replay_rows,
+               "replay_rows": self.replay_rows, "replay_tokens": self.replay_tokens,
                "replay_tau": self.replay_tau / self.replay_blocks if self.replay_blocks else None,
                "replay_buffer": len(self.entries)}
         self._zero_interval()

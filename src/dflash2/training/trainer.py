@@ -11,9 +11,10 @@ Contract:
 - One optimiser step = `train.batch_size` sequences (global, over all ranks), split evenly across
   ranks and then into `grad_accum` micro-batches; which sequences and which anchors a step uses
   depend only on (seed, step) (`data.SequenceOrder`, `batches.anchor_generator`); with
-  `loss.replay_fraction` > 0 (one process) each micro-batch also carries replay rows of blocks
-  earlier steps rejected (`training.replay`: the buffer is updated after each forward and saved in
-  every checkpoint, so it too depends only on (seed, step)). The loss of
+  `loss.replay_fraction` > 0 (one process) a step ends with one more micro-batch, of replay rows:
+  blocks earlier steps rejected (`training.replay`: the buffer is updated after each forward and
+  saved in every checkpoint, so it too depends only on (seed, step); `tokens` counts the data's
+  rows only). The loss of
   every micro-batch is divided by the step's global label-weight sum, so 1 process, N ranks and
   any accumulation give the same update (up to float summation order).
 - `train(resume=False)` runs to `train.steps` (or `train.epochs` over the data), logging metrics
@@ -176,7 +177,7 @@ class Trainer:
                            mask_token_id=c.mask_token_id, window=c.sliding_window, seed=self.cfg.train.seed)
 
     def step_batches(self) -> list:
-        """This rank's micro-batches of the next step (with replay: its replay rows, taken from the buffer)."""
+        """This rank's micro-batches of the next step (with replay: then one of replay rows, taken from the buffer)."""
         micro = self.order.shard(self.step, self.dist.rank, self.dist.world, self.cfg.train.grad_accum)
         if self.replay is None:
             return [self._batch(examples) for examples in micro]
@@ -194,7 +195,7 @@ class Trainer:
         batches = self.step_batches()
         weighting = self.cfg.loss.position_weighting
         totals = torch.tensor([sum(step_share(b, self.module.weights, weighting) for b in batches),
-                               sum(b.num_tokens for b in batches)], dtype=torch.float64, device=self.dist.device)
+                               sum(b.num_fresh_tokens for b in batches)], dtype=torch.float64, device=self.dist.device)
         self.dist.all_reduce_sum(totals)
         normaliser = max(float(totals[0]), 1e-6)
         self.tokens_seen += int(totals[1])
