@@ -196,3 +196,21 @@ def test_a_bad_replay_setting_is_one_error_line(tmp_path, capsys, override, key)
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and key in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_replay_under_several_ranks_is_one_error_line_before_the_target_loads(tmp_path, capsys, monkeypatch):
+    from matrix_util import write_shards
+
+    data = tmp_path / "data"
+    write_shards(data)
+    config = tmp_path / "c.yaml"
+    config.write_text("loss:\n  replay_fraction: 0.25\n")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+    def no_target(*args, **kwargs):
+        raise AssertionError("the target must not load")
+
+    monkeypatch.setattr("dflash2.training.trainer.Trainer", no_target)
+    assert cli_main(["train", str(config), f"data.train=[{data}]", f"train.output_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "loss.replay_fraction" in err and "2 ranks" in err

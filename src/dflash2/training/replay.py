@@ -27,7 +27,8 @@ Contract:
   `tokens`), replay_tau (teacher-forced tau of the replayed blocks, before the step's update),
   replay_buffer (blocks held)} since the last call.
 - `state_dict()` / `load_state_dict(state)`: plain lists of ints, saved in every checkpoint so
-  `--resume` continues bit-identically. One process only (the trainer refuses ranks > 1).
+  `--resume` continues bit-identically. One process only: `require_one_process(fraction, world)`
+  is the check (the CLI makes it before the target loads, the trainer again).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dflash2.errors import require
 from dflash2.training.batches import Batch, Example
 from dflash2.training.losses import BlockOutcome
 
@@ -47,6 +49,12 @@ def replay_anchors(num_anchors: int, fraction: float) -> int:
 def fresh_anchors(num_anchors: int, fraction: float) -> int:
     """Anchors a uniformly drawn row keeps under replay."""
     return num_anchors - replay_anchors(num_anchors, fraction)
+
+
+def require_one_process(fraction: float, world: int) -> None:
+    """Replay keeps one buffer in one process: a one-line error for `world` > 1 ranks."""
+    require(fraction == 0 or world == 1, f"config key 'loss.replay_fraction'={fraction} needs one process "
+                                         f"(the replay buffer is not shared across {world} ranks)")
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,7 @@ class ReplayBuffer:
     # ------------------------------------------------------------------ drawing
     def extend(self, micro_batches: list[list[Example]], sequences) -> list[list[Example]]:
         """The step's micro-batches, then one of replay rows if the buffer holds any (see the module doc)."""
+        self.in_flight = {}                                   # what an earlier draw left unobserved is dropped
         per_row = replay_anchors(self.settings.num_anchors, self.settings.fraction)
         budget = per_row * sum(len(examples) for examples in micro_batches)
         by_record: dict[int, list[Key]] = {}

@@ -64,7 +64,7 @@ from dflash2.training.losses import LossStats, Teacher
 from dflash2.training.metrics_log import MetricsLog, plot_curves
 from dflash2.training.draft_step import build_draft, clip_groups, training_module
 from dflash2.training.preflight import RUN_FILES, check_data_weights, check_inputs, prepare_run_dir
-from dflash2.training.replay import ReplayBuffer, ReplaySettings, fresh_anchors
+from dflash2.training.replay import ReplayBuffer, ReplaySettings, fresh_anchors, require_one_process
 from dflash2.training.weighting import step_share
 
 RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.log_every", "train.eval_every",
@@ -136,10 +136,8 @@ class Trainer:
         self.order = SequenceOrder(train_sequences, t.batch_size, t.seed)
         self.total_steps = t.steps or max(1, int(t.epochs * self.order.steps_per_epoch))
 
-        replay = cfg.loss.replay_fraction > 0
-        require(not replay or self.dist.world == 1, f"config key 'loss.replay_fraction'={cfg.loss.replay_fraction} "
-                f"needs one process (the replay buffer is not shared across {self.dist.world} ranks)")
-        self.replay = ReplayBuffer(ReplaySettings.from_section(cfg.loss)) if replay else None
+        require_one_process(cfg.loss.replay_fraction, self.dist.world)
+        self.replay = ReplayBuffer(ReplaySettings.from_section(cfg.loss)) if cfg.loss.replay_fraction > 0 else None
         self.module = training_module(cfg, self.draft, target_model).to(device)
         self.wrapped = self.dist.wrap(self.module, t.parallel)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
@@ -430,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     command = parse_command(argv)
     cfg = load_config(command.config, list(command.overrides))
     check_inputs(cfg)  # before the target loads
+    require_one_process(cfg.loss.replay_fraction, int(os.environ.get("WORLD_SIZE", "1")))
     if not command.features_only:
         prepare_run_dir(cfg, command.resume, command.overwrite, main_rank=int(os.environ.get("RANK", "0")) == 0)
     trainer = Trainer(cfg)
