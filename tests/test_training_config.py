@@ -40,6 +40,11 @@ def test_defaults_and_overrides(tmp_path):
     ({"train": {"batch_size": 6, "grad_accum": 4}}, "train.grad_accum"),
     ({"data": {"max_seq_len": 8}}, "data.max_seq_len"),
     ({"draft": {"target_layer_ids": [1, 1]}}, "draft.target_layer_ids"),
+    ({"loss": {"replay_fraction": 1}}, "loss.replay_fraction"),
+    ({"loss": {"replay_fraction": 0.25, "num_anchors": 1}}, "loss.replay_fraction"),
+    ({"loss": {"replay_capacity": 0}}, "loss.replay_capacity"),
+    ({"loss": {"replay_max_times": 0}}, "loss.replay_max_times"),
+    ({"loss": {"replay_fraction": 0.25, "replay_max_accepted": 7}}, "loss.replay_max_accepted"),
 ])
 def test_bad_values_name_the_key(raw, key):
     with pytest.raises(DFlash2Error) as err:

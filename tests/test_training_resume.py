@@ -1,4 +1,5 @@
-"""Resume: K steps straight equal K/2 steps, an interruption (checkpoint) and K/2 resumed steps."""
+"""Resume: K steps straight equal K/2 steps, an interruption (checkpoint) and K/2 resumed steps, with
+and without the replay buffer (`loss.replay_*`), which the checkpoint carries."""
 from __future__ import annotations
 
 import json
@@ -13,15 +14,20 @@ from dflash2.training.trainer import Trainer, _check_same_config
 from training_util import small_config, synthetic_sequences
 
 TIMING = ("tokens_per_s",)
+# Replay on, with a top-64 candidate list over the tiny target's 128 tokens (near misses from the start).
+REPLAY = {"draft": {"num_layers": 2, "selector_rank": 8, "selector_top_k": 64, "conv_group_size": 16},
+          "loss": {"num_anchors": 4, "logits_chunk": 16, "replay_fraction": 0.5, "replay_max_times": 2}}
 
 
-def _run(out_dir, resume=False, stop_at=None):
+def _run(out_dir, resume=False, stop_at=None, sections=None):
     cfg = small_config(out_dir, train={"steps": 4, "batch_size": 4, "grad_accum": 2, "log_every": 1,
-                                       "checkpoint_every": None})
+                                       "checkpoint_every": None}, **(sections or {}))
     trainer = Trainer(cfg, target_model=tiny_target("llama"), train_sequences=synthetic_sequences(12),
                       eval_sequences=synthetic_sequences(4, seed=9))
     summary = trainer.train(resume=resume, stop_at=stop_at)
     state = {k: v.clone() for k, v in trainer.draft.state_dict().items()}
+    if trainer.replay is not None:
+        state["replay"] = trainer.replay.state_dict()
     trainer.close()
     return summary, state
 
@@ -31,16 +37,23 @@ def _log(out_dir):
     return [{k: v for k, v in r.items() if k not in TIMING} for r in lines]
 
 
-def test_resume_follows_the_uninterrupted_trajectory(tmp_path):
+@pytest.mark.parametrize("sections", [None, REPLAY], ids=["uniform", "replay"])
+def test_resume_follows_the_uninterrupted_trajectory(tmp_path, sections):
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    _, reference = _run(straight)
-    partial, _ = _run(interrupted, stop_at=2)
+    _, reference = _run(straight, sections=sections)
+    partial, _ = _run(interrupted, stop_at=2, sections=sections)
     assert partial["steps"] == 2 and not (interrupted / "final").exists()
-    summary, resumed = _run(interrupted, resume=True)
+    summary, resumed = _run(interrupted, resume=True, sections=sections)
     assert summary["steps"] == 4
+    assert reference.keys() == resumed.keys()
     for name in reference:
-        assert torch.equal(reference[name], resumed[name]), name
+        same = reference[name] == resumed[name] if name == "replay" else torch.equal(reference[name], resumed[name])
+        assert same, name
     assert _log(straight) == _log(interrupted)
+    if sections is REPLAY:   # the buffer did work on both sides of the interruption
+        replayed = [r["replay_blocks"] for r in _log(straight) if r["split"] == "train"]
+        assert replayed[0] == 0 and all(n > 0 for n in replayed[1:]), replayed
+        assert reference["replay"]["keys"]
     final = DFlash2DraftModel.from_pretrained(interrupted / "final")      # exported in bf16
     assert final.fc.weight.dtype == torch.float32  # from_pretrained casts to its dtype argument
     assert (interrupted / "curves.png").stat().st_size > 0

@@ -9,6 +9,9 @@ Contract:
   is itself supervised (at inference the anchor is always a committed response token), its first
   label `a + 1` is supervised, and the block fits: `a + block_size <= L`. Up to `num_anchors`
   candidates are drawn uniformly without replacement and returned sorted.
+- An `Example` with `anchors` set (a replayed record, `training.replay`) keeps exactly those
+  anchors instead of drawing; the batch then marks its blocks in `replayed` [b, N] bool (None when
+  no example has anchors of its own, so batches without replay are what they always were).
 - `build_batch(examples, ...)` packs all blocks of a sequence for ONE draft forward:
     block_ids       [b, N, B]   [anchor token, MASK x (B-1)]
     block_positions [b, N, B]   anchor .. anchor + B - 1
@@ -38,6 +41,7 @@ class Example:
     loss_mask: torch.Tensor          # [L] bool
     key: tuple[int, int] = (0, 0)    # (epoch, sample index): seeds the anchor draw
     index: int = 0                   # sample index in the dataset (feature-cache key)
+    anchors: torch.Tensor | None = None  # [n] given anchors (a replayed record); None: drawn
 
 
 @dataclass
@@ -53,6 +57,7 @@ class Batch:
     label_mask: torch.Tensor         # [b, N, B-1] bool
     attn_mask: torch.Tensor          # [b, 1, N*B, L + N*B] bool
     indices: list[int]               # dataset index of each row
+    replayed: torch.Tensor | None = None  # [b, N] bool blocks from the replay buffer (None: no replay rows)
 
     def to(self, device: torch.device | str) -> "Batch":
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -64,6 +69,13 @@ class Batch:
     @property
     def num_tokens(self) -> int:
         return int(self.attention_mask.sum())
+
+    @property
+    def num_fresh_tokens(self) -> int:
+        """Tokens of the rows drawn from the data, not of replayed records."""
+        if self.replayed is None:
+            return self.num_tokens
+        return int(self.attention_mask[~self.replayed.any(dim=1)].sum())
 
 
 def anchor_generator(seed: int, key: tuple[int, int]) -> torch.Generator:
@@ -103,14 +115,24 @@ def build_batch(examples: list[Example], *, block_size: int, num_anchors: int, m
         input_ids[row, :n_tok] = example.input_ids.long()
         attention_mask[row, :n_tok] = 1
         loss_mask[row, :n_tok] = example.loss_mask.bool()
-        anchor_lists.append(sample_anchors(loss_mask[row, :n_tok], block_size, num_anchors,
-                                           anchor_generator(seed, example.key)))
+        if example.anchors is not None:
+            given = example.anchors.long().sort().values
+            require(given.numel() == 0 or (int(given[0]) >= 0 and int(given[-1]) + block_size <= n_tok),
+                    f"replayed anchors of sequence {example.index} do not fit its {n_tok} tokens")
+            anchor_lists.append(given)
+        else:
+            anchor_lists.append(sample_anchors(loss_mask[row, :n_tok], block_size, num_anchors,
+                                               anchor_generator(seed, example.key)))
     n = max(1, max(a.numel() for a in anchor_lists))
     anchors = torch.zeros(b, n, dtype=torch.long)
     block_valid = torch.zeros(b, n, dtype=torch.bool)
     for row, found in enumerate(anchor_lists):
         anchors[row, :found.numel()] = found
         block_valid[row, :found.numel()] = True
+    replayed = None
+    if any(e.anchors is not None for e in examples):
+        given = torch.tensor([e.anchors is not None for e in examples])            # [b]
+        replayed = block_valid & given[:, None]
 
     offsets = torch.arange(block_size)
     block_positions = anchors[:, :, None] + offsets                                  # [b, N, B]
@@ -132,4 +154,5 @@ def build_batch(examples: list[Example], *, block_size: int, num_anchors: int, m
         label_mask=label_mask,
         attn_mask=block_visibility(block_positions, torch.arange(length), window),
         indices=[e.index for e in examples],
+        replayed=replayed,
     )

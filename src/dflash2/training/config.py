@@ -36,6 +36,7 @@ import yaml
 
 from dflash2.errors import DFlash2Error, require
 from dflash2.model.shape import DraftShape
+from dflash2.training.replay import replay_anchors
 from dflash2.training.weighting import WEIGHTINGS
 
 
@@ -162,7 +163,11 @@ class LossSection(_Section):
              "distill_top_k": Rule(lambda v: v >= 0, "an integer >= 0 (0: keep none)"),
              "acceptance_weight": Rule(lambda v: 0 <= v <= 1, "a number in [0, 1]"), "position_weighting": _one_of(*WEIGHTINGS),
              "dpace_alpha": Rule(lambda v: 0 < v <= 1, "a number in (0, 1]"),
-             "selector_weighting": _one_of("decay", "backbone")}
+             "selector_weighting": _one_of("decay", "backbone"),
+             "replay_fraction": Rule(lambda v: 0 <= v < 1, "a number in [0, 1) (0: no replay)"),
+             "replay_capacity": _AT_LEAST_1,
+             "replay_max_accepted": Rule(lambda v: v >= 0, "an integer >= 0"),
+             "replay_max_times": _AT_LEAST_1}
     num_anchors: int = 64                       # blocks per sequence
     gamma: float | None = None                  # position decay; None: see resolved_gamma
     selector_weight: float = 1.0
@@ -175,6 +180,10 @@ class LossSection(_Section):
     selector_weighting: str = "decay"           # selector-loss weights: fixed decay or "backbone" (the token loss's)
     selector_gold: bool = False                 # a true token missing from the top K replaces the K-th in the selector loss
     acceptance_weight: float = 0.0              # share of -log(acceptance rate) (the LK loss, training/acceptance.py) in the token loss
+    replay_fraction: float = 0.0                # share of each step's anchors re-training rejected blocks (training/replay.py); 0: off
+    replay_capacity: int = 2048                 # rejected blocks the replay buffer keeps
+    replay_max_accepted: int = 1                # a block is rejected when its acceptance path gets at most this many tokens right
+    replay_max_times: int = 1                   # replays of one block before it leaves the buffer
 
 
 @dataclass(frozen=True)
@@ -252,6 +261,14 @@ class TrainConfig:
             value = getattr(self.loss, key)
             require(value == 0 or self.loss.distill_top_k > 0,
                     f"config key 'loss.{key}'={value} needs loss.distill_top_k > 0 (the target's top-k it reads), got 0")
+        if self.loss.replay_fraction > 0:
+            replayed = replay_anchors(self.loss.num_anchors, self.loss.replay_fraction)
+            require(1 <= replayed < self.loss.num_anchors,
+                    f"config key 'loss.replay_fraction'={self.loss.replay_fraction} must leave at least one of "
+                    f"loss.num_anchors={self.loss.num_anchors} anchors each to replay and to fresh blocks")
+            require(self.loss.replay_max_accepted < d.block_size - 1,
+                    f"config key 'loss.replay_max_accepted'={self.loss.replay_max_accepted} must be below the "
+                    f"{d.block_size - 1} tokens a block drafts (draft.block_size={d.block_size})")
         if d.family == "mtp":   # the head reads the target's last layer, with the target's vocabulary
             require(d.draft_vocab_size is None and d.target_layer_ids is None,
                     "config keys 'draft.draft_vocab_size' and 'draft.target_layer_ids' must be null for "

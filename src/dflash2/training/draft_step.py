@@ -20,7 +20,8 @@ Contract:
 - `training_module(cfg, draft, target_model)`: the training module of the configured family.
 - `DraftTrainStep(draft, ...)` is an nn.Module whose forward(features, batch, normaliser) runs
   context K/V, all blocks and the loss in ONE call, so DistributedDataParallel / fully_shard see a
-  single forward per micro-batch. Returns (loss, stats) as `losses.block_losses`.
+  single forward per micro-batch. Returns (loss, stats, outcome) as `losses.block_losses` with
+  `with_outcome=True`.
 """
 from __future__ import annotations
 
@@ -166,7 +167,7 @@ class DraftTrainStep(nn.Module):
         self.logits_chunk = logits_chunk
 
     def forward(self, features: torch.Tensor, batch: Batch, normaliser: float, teacher: Teacher | None = None):
-        """features [b, L, F]; batch (and teacher) on the same device -> (loss, stats)."""
+        """features [b, L, F]; batch (and teacher) on the same device -> (loss, stats, outcome)."""
         draft = self.draft
         context = draft.context_kv(features, batch.positions)                     # per layer [b, kv, L, d]
         hidden = draft.forward_blocks(batch.block_ids, batch.block_positions, context, batch.attn_mask)  # [b, N, B, H]
@@ -174,7 +175,7 @@ class DraftTrainStep(nn.Module):
                             selector_weight=self.selector_weight,
                             selector_grad_to_backbone=self.selector_grad_to_backbone,
                             chunk=self.logits_chunk, teacher=teacher, distill_weight=self.distill_weight,
-                            options=self.options)
+                            options=self.options, with_outcome=True)
 
 
 def training_module(cfg: TrainConfig, draft, target_model) -> nn.Module:

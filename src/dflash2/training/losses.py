@@ -50,6 +50,15 @@ Contract:
   averaged over the positions it applies to; `loss_selector` is normalised like the token CE, so it
   grows with recall) and, when the batches had a teacher, `acceptance_alpha` (the weighted mean
   teacher-forced alpha_p).
+- `block_losses(..., with_outcome=True)` also returns a `BlockOutcome` per block (detached,
+  [b, N]): `accepted`, the number of leading positions the acceptance path gets right (the
+  selector's walk with a selector, else the argmax: the count tau is built from), and `near_miss`,
+  true where that path fails at a supervised label of a real block that is among the draft's top-K
+  candidates there (`training.replay` keeps such blocks to train on again).
+- With `batch.replayed` set (blocks drawn from the replay buffer), the acceptance statistics
+  (`blocks`, `tau`, `tau_base`, per-position `count` / `top1` / `topk` / `selector_ok`) count the
+  uniformly drawn blocks only, so they compare with runs without replay; the loss and its CE /
+  selector sums cover every block trained on.
 - Teacher-forced tau of a block = 1 + number of leading positions predicted correctly. With the
   true previous token as predecessor this equals the greedy acceptance length against the labels
   (while the walk is right its chosen predecessor IS the true token). Blocks whose labels stop
@@ -208,11 +217,32 @@ def _leading_correct(correct: torch.Tensor) -> torch.Tensor:
     return correct.float().cumprod(dim=-1).sum(dim=-1)
 
 
+@dataclass
+class BlockOutcome:
+    """How the acceptance path fared on each block of a batch (detached): accepted [b, N] long,
+    the leading positions it got right; near_miss [b, N] bool, it failed at a supervised label of
+    a real block that was among the draft's top-K candidates there."""
+    accepted: torch.Tensor
+    near_miss: torch.Tensor
+
+
+def block_outcome(path_ok: torch.Tensor, in_topk: torch.Tensor, label_mask: torch.Tensor,
+                  valid: torch.Tensor) -> BlockOutcome:
+    """path_ok / in_topk / label_mask [b, N, T] bool, valid [b, N] bool -> `BlockOutcome`."""
+    accepted = _leading_correct(path_ok).long()                               # [b, N]
+    failed = accepted < path_ok.shape[-1]
+    miss = accepted.clamp(max=path_ok.shape[-1] - 1)[:, :, None]              # [b, N, 1] first wrong position
+    near = in_topk.gather(-1, miss)[..., 0] & label_mask.gather(-1, miss)[..., 0]
+    return BlockOutcome(accepted=accepted, near_miss=near & failed & valid)
+
+
 def block_losses(draft, hidden: torch.Tensor, batch: Batch, weights: torch.Tensor, normaliser: float,
                  *, selector_weight: float = 1.0, selector_grad_to_backbone: bool = False,
                  top_k: int = 16, chunk: int = 256, teacher: "Teacher | None" = None,
-                 distill_weight: float = 0.0, options: "LossOptions | None" = None) -> tuple[torch.Tensor, LossStats]:
-    """hidden [b, N, B, H] -> (scalar loss, detached stats). See the module docstring."""
+                 distill_weight: float = 0.0, options: "LossOptions | None" = None,
+                 with_outcome: bool = False) -> tuple:
+    """hidden [b, N, B, H] -> (scalar loss, detached stats[, BlockOutcome with `with_outcome`]).
+    See the module docstring."""
     options = options or LossOptions()
     b, n, block, h = hidden.shape
     t = block - 1
@@ -276,7 +306,12 @@ def block_losses(draft, hidden: torch.Tensor, batch: Batch, weights: torch.Tenso
             return dense.view(b, n, t)
 
         top1, topk, sel_ok = scatter("top1"), scatter("topk"), scatter("selector_ok")
-        valid = batch.block_valid                                             # [b, N]
+        outcome = block_outcome(sel_ok, topk, batch.label_mask, batch.block_valid) if with_outcome else None
+        valid, counted = batch.block_valid, batch.label_mask                  # [b, N], [b, N, T]
+        if batch.replayed is not None:   # acceptance statistics of the uniformly drawn blocks only
+            valid = valid & ~batch.replayed
+            counted = counted & valid[:, :, None]
+            top1, topk, sel_ok = top1 & counted, topk & counted, sel_ok & counted
         stats = LossStats(
             weight=w.sum(),
             weight_topk=topk_weight,
@@ -287,9 +322,9 @@ def block_losses(draft, hidden: torch.Tensor, batch: Batch, weights: torch.Tenso
             blocks=valid.float().sum(),
             tau=((1 + _leading_correct(sel_ok)) * valid).sum(),
             tau_base=((1 + _leading_correct(top1)) * valid).sum(),
-            count=batch.label_mask.float().sum(dim=(0, 1)),                   # [T]
+            count=counted.float().sum(dim=(0, 1)),                            # [T]
             top1=top1.float().sum(dim=(0, 1)),
             topk=topk.float().sum(dim=(0, 1)),
             selector_ok=sel_ok.float().sum(dim=(0, 1)),
         )
-    return loss, stats
+    return (loss, stats, outcome) if with_outcome else (loss, stats)

@@ -11,7 +11,7 @@ Contract:
 - `MtpTrainStep(head, final_norm, gamma, logits_chunk, distill_weight, options)` is the trainer's
   one-forward module for an MTP head (`DraftTrainStep`'s counterpart; the head sits under `draft`,
   so checkpoints and DDP treat it alike). forward(features, batch, normaliser, teacher) ->
-  (loss, stats) of `losses.block_losses` on `mtp_block_hidden`: a block anchored at a is the
+  (loss, stats, outcome) of `losses.block_losses` on `mtp_block_hidden`: a block anchored at a is the
   head's recursion at inference, step i (1..B-1) predicting the token at a + i, so the loss, the
   position weights and the teacher-forced tau are the DFlash draft's, measured alike.
 - `mtp_block_hidden(head, hidden, batch)`: hidden = the target's final-norm states [b, L, H] ->
@@ -114,7 +114,7 @@ class MtpTrainStep(nn.Module):
                                     block_valid=batch.block_valid & has_entry[:, :, 0])
         return block_losses(self.draft, hidden, batch, self.weights, normaliser, selector_weight=0.0,
                             chunk=self.logits_chunk, teacher=teacher, distill_weight=self.distill_weight,
-                            options=self.options)
+                            options=self.options, with_outcome=True)
 
 
 def resolved_target_dir(name: str) -> str | None:

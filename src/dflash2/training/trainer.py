@@ -10,7 +10,11 @@ Contract:
   is clipped on its own when its loss does not reach the backbone).
 - One optimiser step = `train.batch_size` sequences (global, over all ranks), split evenly across
   ranks and then into `grad_accum` micro-batches; which sequences and which anchors a step uses
-  depend only on (seed, step) (`data.SequenceOrder`, `batches.anchor_generator`). The loss of
+  depend only on (seed, step) (`data.SequenceOrder`, `batches.anchor_generator`); with
+  `loss.replay_fraction` > 0 (one process) a step ends with one more micro-batch, of replay rows:
+  blocks earlier steps rejected (`training.replay`: the buffer is updated after each forward and
+  saved in every checkpoint, so it too depends only on (seed, step); `tokens` counts the data's
+  rows only). The loss of
   every micro-batch is divided by the step's global label-weight sum, so 1 process, N ranks and
   any accumulation give the same update (up to float summation order).
 - `train(resume=False)` runs to `train.steps` (or `train.epochs` over the data), logging metrics
@@ -60,6 +64,7 @@ from dflash2.training.losses import LossStats, Teacher
 from dflash2.training.metrics_log import MetricsLog, plot_curves
 from dflash2.training.draft_step import build_draft, clip_groups, training_module
 from dflash2.training.preflight import RUN_FILES, check_data_weights, check_inputs, prepare_run_dir
+from dflash2.training.replay import ReplayBuffer, ReplaySettings, fresh_anchors, require_one_process
 from dflash2.training.weighting import step_share
 
 RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.log_every", "train.eval_every",
@@ -70,7 +75,8 @@ RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.log_every", "train.
 LEGACY_VALUES = {"optim.clip_selector_separately": False, "data.exclude_holdout": False,
                  "loss.distill_weight": 0.0, "loss.distill_top_k": 32, "loss.position_weighting": "decay",
                  "loss.dpace_alpha": 0.5, "loss.selector_weighting": "decay", "loss.selector_gold": False,
-                 "loss.acceptance_weight": 0.0,
+                 "loss.acceptance_weight": 0.0, "loss.replay_fraction": 0.0, "loss.replay_capacity": 2048,
+                 "loss.replay_max_accepted": 1, "loss.replay_max_times": 1,
                  "draft.family": "dflash2"}
 
 
@@ -130,6 +136,8 @@ class Trainer:
         self.order = SequenceOrder(train_sequences, t.batch_size, t.seed)
         self.total_steps = t.steps or max(1, int(t.epochs * self.order.steps_per_epoch))
 
+        require_one_process(cfg.loss.replay_fraction, self.dist.world)
+        self.replay = ReplayBuffer(ReplaySettings.from_section(cfg.loss)) if cfg.loss.replay_fraction > 0 else None
         self.module = training_module(cfg, self.draft, target_model).to(device)
         self.wrapped = self.dist.wrap(self.module, t.parallel)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
@@ -161,10 +169,19 @@ class Trainer:
         return torch.autocast(self.dist.device.type, dtype=self.autocast_dtype or torch.float32,
                               enabled=self.autocast_dtype is not None)
 
-    def _batch(self, examples):
+    def _batch(self, examples, num_anchors: int | None = None):
         c = self.draft.config
-        return build_batch(examples, block_size=c.block_size, num_anchors=self.cfg.loss.num_anchors,
+        return build_batch(examples, block_size=c.block_size, num_anchors=num_anchors or self.cfg.loss.num_anchors,
                            mask_token_id=c.mask_token_id, window=c.sliding_window, seed=self.cfg.train.seed)
+
+    def step_batches(self) -> list:
+        """This rank's micro-batches of the next step (with replay: then one of replay rows, taken from the buffer)."""
+        micro = self.order.shard(self.step, self.dist.rank, self.dist.world, self.cfg.train.grad_accum)
+        if self.replay is None:
+            return [self._batch(examples) for examples in micro]
+        loss = self.cfg.loss
+        fresh = fresh_anchors(loss.num_anchors, loss.replay_fraction)
+        return [self._batch(examples, fresh) for examples in self.replay.extend(micro, self.train_sequences)]
 
     def _zero_stats(self) -> LossStats:
         return LossStats.zeros(self.draft.config.block_size - 1, self.dist.device)
@@ -173,11 +190,10 @@ class Trainer:
         """One optimiser step; returns (this rank's stat sums, {"grad_norm": backbone norm before
         clipping[, "grad_norm_selector": ...]})."""
         world = self.dist.world
-        micro = self.order.shard(self.step, self.dist.rank, world, self.cfg.train.grad_accum)
-        batches = [self._batch(examples) for examples in micro]
+        batches = self.step_batches()
         weighting = self.cfg.loss.position_weighting
         totals = torch.tensor([sum(step_share(b, self.module.weights, weighting) for b in batches),
-                               sum(b.num_tokens for b in batches)], dtype=torch.float64, device=self.dist.device)
+                               sum(b.num_fresh_tokens for b in batches)], dtype=torch.float64, device=self.dist.device)
         self.dist.all_reduce_sum(totals)
         normaliser = max(float(totals[0]), 1e-6)
         self.tokens_seen += int(totals[1])
@@ -190,8 +206,10 @@ class Trainer:
             teacher = _teacher(signals, batch)
             with Dist.no_sync(self.wrapped, i == len(batches) - 1):
                 with self._autocast():
-                    loss, step_stats = self.wrapped(signals.features, batch, normaliser, teacher)
+                    loss, step_stats, outcome = self.wrapped(signals.features, batch, normaliser, teacher)
                 (loss * world).backward()
+            if self.replay is not None:
+                self.replay.observe(batch, outcome, self.step)
             stats = stats + step_stats
         clip = self.cfg.optim.grad_clip or float("inf")
         norms = {}
@@ -222,7 +240,7 @@ class Trainer:
             batch = self._batch(examples).to(self.dist.device)
             with self._autocast():
                 features = self.adapter.features(batch.input_ids, batch.attention_mask)[1]
-                _, batch_stats = self.module(features, batch, 1.0)
+                _, batch_stats, _ = self.module(features, batch, 1.0)
             stats = stats + batch_stats
         return self._summary(stats) if mine else None
 
@@ -230,7 +248,8 @@ class Trainer:
     def _trainer_state(self) -> dict:
         return {"scheduler": self.scheduler.state_dict(), "tokens_seen": self.tokens_seen,
                 "samples_seen": self.step * self.cfg.train.batch_size, "rng": ckpt.rng_state(),
-                "config": self.cfg.to_dict(), "world_size": self.dist.world}
+                "config": self.cfg.to_dict(), "world_size": self.dist.world,
+                **({"replay": self.replay.state_dict()} if self.replay is not None else {})}
 
     def save(self) -> None:
         draft_state, optim_state = ckpt.gather_state(self.wrapped, self.optimizer, self.cfg.train.parallel)
@@ -247,6 +266,9 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         ckpt.set_rng_state(state["rng"])
+        if self.replay is not None:
+            require("replay" in state, f"--resume: checkpoint '{path}' has no replay buffer")
+            self.replay.load_state_dict(state["replay"])
         if self.dist.is_main:
             self.log.truncate_after(self.step)
         self.dist.barrier()
@@ -293,7 +315,7 @@ class Trainer:
                 last = {"split": "train", "step": self.step, "epoch": round(self.step / self.order.steps_per_epoch, 4),
                         "tokens": self.tokens_seen, "lr": self.scheduler.get_last_lr()[0], **grad_norms,
                         "tokens_per_s": (self.tokens_seen - interval_tokens) / max(now - clock, 1e-9),
-                        **self._summary(interval)}
+                        **self._summary(interval), **(self.replay.interval_metrics() if self.replay is not None else {})}
                 interval, interval_tokens, clock = self._zero_stats(), self.tokens_seen, now
                 bar.set_postfix(loss=f"{last['loss']:.3f}", tau=f"{last['tau']:.2f}",
                                 tok_s=f"{last['tokens_per_s']:.0f}")
@@ -406,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     command = parse_command(argv)
     cfg = load_config(command.config, list(command.overrides))
     check_inputs(cfg)  # before the target loads
+    require_one_process(cfg.loss.replay_fraction, int(os.environ.get("WORLD_SIZE", "1")))
     if not command.features_only:
         prepare_run_dir(cfg, command.resume, command.overwrite, main_rank=int(os.environ.get("RANK", "0")) == 0)
     trainer = Trainer(cfg)
