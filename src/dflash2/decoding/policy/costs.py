@@ -1,12 +1,12 @@
-"""The cost model of a cycle on this machine (the target's pass of q tokens for b rows, the draft
-pass, the host work around them) and its start-up calibration.
+"""The cost model of a cycle on this machine: the target's pass of q tokens for b rows, the draft pass
+and the host work around them, in seconds.
 
-Contract: verify figures are calibrated (`calibrate`: one-row passes of 1, block, 4 and 16 x block
-tokens; `calibrate_cached`: stored per machine and target, `files.calibration`) or observed
-(`observe_verify`: a moving average per (b, q) that overrides the calibration). `verify(b, q)`: that
-figure, else linear in q between figures at batch b, else the token curve (piecewise linear in
-n = b * q) scaled to the nearest figure at batch b. `stale()`: the observed figures contradict the
-calibration; the stored one's `refresh(costs)` then replaces it with them (`adopt_observed()`).
+Contract: verify figures are calibrated at start-up (`calibrate`: one-row passes of 1, block, 4 and
+16 x block tokens; `calibrate_cached`: stored per machine and target, `files.calibration`) or
+observed (`observe_verify`: a moving average per (b, q) that overrides the calibration).
+`verify(b, q)`: that figure, else linear in q between figures at batch b, else the token curve
+(piecewise linear in n = b * q) scaled to the nearest figure at batch b. When the observed figures
+contradict the calibration (`stale()`), the stored one's `refresh(costs)` replaces it with them.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 from dflash2.files.cache import RECALIBRATE_ENV
 from dflash2.files.calibration import calibration_path, read_calibration, write_calibration
 
-EMA = 0.2
+EMA = 0.2                       # the weight of a new figure in a moving average (`averaged`)
 CALIBRATION_SIZES = (1, 4, 16)  # times the block: the q of the start-up passes (plus q = 1)
 STALE_FACTOR = 1.5              # observed / calibrated beyond this (either way): the calibration is stale
 STALE_SAMPLES = 4               # ... once a (b, q) was observed this often
@@ -28,8 +28,8 @@ STALE_SAMPLES = 4               # ... once a (b, q) was observed this often
 VerifyTable = dict[tuple[int, int], float]   # (b, q) -> seconds
 
 
-def _averaged(table: dict, key, seconds: float) -> float:
-    return seconds if key not in table else (1 - EMA) * table[key] + EMA * seconds
+def averaged(old: float | None, new: float) -> float:
+    return new if old is None else (1 - EMA) * old + EMA * new
 
 
 class CostModel:
@@ -51,17 +51,17 @@ class CostModel:
         return len({b * q for b, q in self.verify_s}) >= 2
 
     def observe_verify(self, b: int, q: int, seconds: float) -> None:
-        self.observed_s[(b, q)] = _averaged(self.observed_s, (b, q), seconds)
+        self.observed_s[(b, q)] = averaged(self.observed_s.get((b, q)), seconds)
         self.observed_n[(b, q)] = self.observed_n.get((b, q), 0) + 1
 
     def observe_draft(self, b: int, seconds: float) -> None:
         self.draft_s[b] = self.draft_after(b, seconds)
 
     def draft_after(self, b: int, seconds: float) -> float:
-        return _averaged(self.draft_s, b, seconds)
+        return averaged(self.draft_s.get(b), seconds)
 
     def observe_host(self, b: int, speculative: bool, seconds: float) -> None:
-        self.host_s[(b, speculative)] = _averaged(self.host_s, (b, speculative), max(seconds, 0.0))
+        self.host_s[(b, speculative)] = averaged(self.host_s.get((b, speculative)), max(seconds, 0.0))
 
     def load_calibration(self, table: VerifyTable) -> None:
         self.calibrated_s.update(table)
