@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 BINS = 10             # confidence bins of a table
-PRIOR_WEIGHT = 2.0    # reached tokens a bin starts with, accepted at its mid confidence (scaled)
+PRIOR_WEIGHT = 2.0    # reached tokens a bin starts with, accepted at its mid confidence (times `scale`)
 
 
 def _bin(confidence: float) -> int:
@@ -23,6 +23,10 @@ def _bin(confidence: float) -> int:
 
 def _mid(i: int) -> float:
     return (i + 0.5) / BINS
+
+
+def _prior() -> list[list[float]]:
+    return [[PRIOR_WEIGHT * _mid(i), PRIOR_WEIGHT] for i in range(BINS)]
 
 
 @dataclass
@@ -55,10 +59,6 @@ class AcceptanceModel:
             table[i][1] += 1.0
             totals[0] += hit
             totals[1] += _mid(i)
-
-
-def _prior() -> list[list[float]]:
-    return [[PRIOR_WEIGHT * _mid(i), PRIOR_WEIGHT] for i in range(BINS)]
 
 
 def expectations_by_length(probabilities: list[float], reach: float = 1.0, first: float = 1.0) -> list[float]:
