@@ -1,6 +1,6 @@
 """Every choice the speculation policy makes in whole decodes of the default target, on a fixed clock.
 
-    PYTHONPATH=src:tests python scripts/decode_trace.py --out trace.json [--check tests/fixtures/decode_trace.json.gz]
+    PYTHONPATH=src:tests python scripts/decode_trace.py --out trace.json[.gz] [--check tests/fixtures/decode_trace.json.gz]
 
 Decodes a few prompts of the shipped benchmark sets with SmolLM2 and its shipped draft, for the
 proposers draft, lookup and hybrid, greedy and sampled, one row and three, with the wall clock
@@ -8,9 +8,11 @@ replaced by a fixed one: a target pass of b rows and q tokens a row takes 30 ms 
 1.5 ms * b * q, a draft pass 12 ms + 1 ms * b, everything else nothing (so the cost model, its
 start-up calibration included, sees the same figures on every machine, and the policy's choices
 depend only on the model's tokens). Writes per decode the cycles' choices (tests/policy_trace.py's
-`cycle_of`) and the tokens; `--check` compares them with a recorded trace and exits 1 on a difference
-(tests/fixtures/decode_trace.json.gz: the policy before its rewrite as a chooser and a learner; about
-ten minutes on one CPU thread).
+`cycle_of`) and the tokens (`--out` ending in .gz: gzip -9 with no name or time, the fixture's form);
+`--check` compares them with a recorded trace and exits 1 on a difference. The fixture,
+tests/fixtures/decode_trace.json.gz, is main at 45797f7 (the policy as a chooser and a learner, the
+shipped draft of that commit): re-record it, from an unchanged tree, when the model or the decoder's
+tokens change, never to make a change to the policy pass. A few minutes on one CPU thread.
 """
 from __future__ import annotations
 
@@ -98,8 +100,12 @@ def main() -> int:
                 trace[name] = {"cycles": cycles, "tokens": tokens}
                 print(name, len(cycles), "cycles,", sum(c[2] for c in cycles), "drafted,",
                       sum(1 for c in cycles if c[-1]), "in fallback", flush=True)
-    with open(args.out, "w", encoding="utf-8") as handle:
-        json.dump(trace, handle)
+    if args.out.endswith(".gz"):                    # the fixture's form: gzip -9, no name or time in the header
+        with open(args.out, "wb") as handle:
+            handle.write(gzip.compress(json.dumps(trace).encode("utf-8"), compresslevel=9, mtime=0))
+    else:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(trace, handle)
     if args.check:
         with (gzip.open if args.check.endswith(".gz") else open)(args.check, "rt", encoding="utf-8") as handle:
             recorded = json.load(handle)

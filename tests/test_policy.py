@@ -568,8 +568,7 @@ def test_the_first_draft_probe_waits_for_a_row_that_lookup_leaves_uncovered():
     policy = SpeculationPolicy("auto", _costs(0.030), sources=2)
 
     def worth(b: int, offer: Offer) -> bool:
-        return worth_drafting(policy.tables, policy.costs, policy.settings, b, 8, offer, policy.outlook,
-                              policy.draft_skips)[0]
+        return worth_drafting(policy.tables, policy.costs, b, 8, offer, policy.outlook, policy.draft_skips)[0]
     covered = Offer([True], None, [[0.7] * 7])
     assert not worth(1, covered) and not _plan(policy, 1, covered).draft
     assert worth(1, Offer([True], None, [[]])) and _plan(policy, 1, Offer([True], None, [[]])).draft

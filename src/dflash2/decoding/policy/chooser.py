@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 
 from dflash2.decoding.policy.costs import CostModel
 from dflash2.decoding.policy.cycle import LATTICE, Backoff, Choice, CycleRecord, Offer
-from dflash2.decoding.policy.expectation import (AcceptanceModel, best_per_width, expectations_by_length,
-                                                 saved_seconds, step_curve, tree_options)
+from dflash2.decoding.policy.expectation import (AcceptanceModel, expectations_by_length, saved_seconds, step_curve,
+                                                 tree_options)
 
 SPECULATE_MODES = ("auto", "always", "never")
 Tables = dict[str, AcceptanceModel]           # source ("draft", "lookup", LATTICE) -> its acceptance calibration
@@ -37,12 +37,13 @@ class Settings:
 
 
 class Pricing:
-    """The cost model read at batch b (the draft pass at `draft_s`; None: the model's figure) for a
-    fixed batch's `remaining` tokens a row (None: a batch that refills)."""
+    """The cost model read at batch b (the draft pass averaged with `draft_seconds`, this cycle's; None:
+    the model's figure) for a fixed batch's `remaining` tokens a row (None: a batch that refills)."""
 
-    def __init__(self, costs: CostModel, b: int, draft_s: float | None = None, remaining: list[int] | None = None):
+    def __init__(self, costs: CostModel, b: int, draft_seconds: float | None = None,
+                 remaining: list[int] | None = None):
         self.costs, self.b, self.remaining = costs, b, remaining
-        self.draft_s = costs.draft(b) if draft_s is None else draft_s
+        self.draft_s = costs.draft(b) if draft_seconds is None else costs.draft_after(b, draft_seconds)
         self.steps = None if remaining is None else step_curve(b, self.plain_step)   # a plain step of 1..b rows
 
     def plain_step(self, b: int | None = None) -> float:
@@ -103,8 +104,9 @@ def _without_draft(rows: Expectations) -> Expectations:
 
 
 def trees(tables: Tables, offer: Offer, optimism: float = 0.0) -> list[list[tuple]] | None:
-    """Per row and width the best tree: the draft's path with lookup's, or with the lattice's second
-    path (the draft's own tokens before the fork); None when no row may verify one."""
+    """Per row and width the best tree, (expected tokens, nodes, draft length, second length, second
+    source): the draft's path with lookup's, or with the lattice's second path (the draft's own tokens
+    before the fork); None when no row may verify one."""
     if offer.draft is None or (offer.shared is None and offer.forks is None):
         return None
     p, out = _probabilities(tables, offer, optimism), []
@@ -116,7 +118,9 @@ def trees(tables: Tables, offer: Offer, optimism: float = 0.0) -> list[list[tupl
             fork = offer.forks[r]
             second = draft[:fork] + tables[LATTICE].probabilities(offer.lattice[r][fork:], True, optimism)
             options.append((tree_options(draft, second, fork), LATTICE))
-        out.append(best_per_width(options))
+        widest = max((len(o) for o, _ in options), default=0)
+        out.append([max([(*o[min(w, len(o) - 1)], name) for o, name in options if o], key=lambda t: t[0])
+                    for w in range(widest)])
     return out if any(out) else None
 
 
@@ -142,12 +146,12 @@ def best(pricing: Pricing, rows: Expectations, drafts: int, drafted: bool, every
     for k in ([room] if every else range(room + 1)):
         per_row = [_row_best(rows, trees[r] if trees else None, r, k, drafts, every) for r in range(pricing.b)]
         expected = [max(option[0], 1.0) for option in per_row]
-        sources, lengths, branches, seconds = (tuple(option[i] for option in per_row) for i in range(1, 5))
+        sources, lengths, branches, second = (tuple(option[i] for option in per_row) for i in range(1, 5))
         width = max(lengths, default=0)
         rate = pricing.rate(expected, pricing.cycle(width, drafted, optimistic))
         if top is None or rate > top.rate:
             tree = "tree" in sources
-            top = Choice(width, sum(expected), rate, sources, lengths, branches if tree else (), seconds if tree else ())
+            top = Choice(width, sum(expected), rate, sources, lengths, branches if tree else (), second if tree else ())
     return top
 
 
@@ -155,22 +159,33 @@ def choose(tables: Tables, costs: CostModel, settings: Settings, b: int, block: 
            lookup_probes: Backoff, offer: Offer, draft_seconds: float | None = None) -> Choice:
     """`draft_seconds`: this cycle's draft pass (None: the model's figure)."""
     drafts, drafted = block - 1, offer.draft is not None
-    draft_s = costs.draft_after(b, draft_seconds) if drafted and draft_seconds is not None else None
-    pricing = Pricing(costs, b, draft_s, offer.remaining)
+    pricing = Pricing(costs, b, draft_seconds, offer.remaining)
     if settings.mode == "always":
         return best(pricing, expectations(tables, offer), drafts, drafted, every=True, trees=trees(tables, offer))
     if unmeasured(costs, settings, b):
-        return best(Pricing(costs, b, draft_s), {}, 0, drafted)   # a plain step, rated in tokens per second
-    if not drafted:
-        return _lookup_choice(tables, pricing, settings, offer, drafts, lookup_probes)
+        return best(Pricing(costs, b, draft_seconds), {}, 0, drafted)   # a plain step, rated in tokens per second
+    mean = expectations(tables, offer)
+    if not drafted:     # lookup, which costs no pass, at its mean, or a lookup probe now and then
+        choice = best(pricing, mean, drafts, False)
+        if settings.mode != "auto" or offer.lookup is None:
+            return choice
+        if lookup_probes.waiting:
+            return replace(choice, lookup_probes=lookup_probes.tick())
+        bound = best(pricing, expectations(tables, offer, settings.optimism), drafts, False, optimistic=True)
+        if bound.k <= choice.k:
+            return choice
+        tokens = sum(max(mean[source][r][n], 1.0) if source else 1.0       # the probe's tokens, at the mean
+                     for r, (source, n) in enumerate(zip(bound.sources, bound.lengths)))
+        lost = pricing.lost(pricing.cycle(bound.k, False), tokens)
+        return replace(bound, lookup_probes=lookup_probes.wait(pricing.wait_for(lost, settings)))
     optimism = settings.optimism if probe else 0.0
-    rows = expectations(tables, offer, optimism)
+    rows = expectations(tables, offer, optimism) if probe else mean
     choice = best(pricing, rows, drafts, True, trees=trees(tables, offer, optimism), optimistic=probe)
     without = best(pricing, _without_draft(rows), drafts, False, optimistic=probe)
     # what the draft cycle is measured against: the best choice without it, at the posterior mean
-    mean = best(pricing, _without_draft(expectations(tables, offer)), drafts, False) if probe else without
-    seconds = pricing.cycle(mean.k, drafted=False)
-    baseline = seconds - mean.rate * seconds / pricing.plain_rate()
+    at_mean = best(pricing, _without_draft(mean), drafts, False) if probe else without
+    seconds = pricing.cycle(at_mean.k, drafted=False)
+    baseline = seconds - at_mean.rate * seconds / pricing.plain_rate()
     per_row = sum(row[min(choice.k, len(row) - 1)] for row in rows["draft"]) / max(len(rows["draft"]), 1)
     draft_yield = None if probe else (choice.k, per_row)     # what the draft usually yields, for `worth_drafting`
     if choice.k == 0 or (probe and not choice.rate >= without.rate):
@@ -178,33 +193,16 @@ def choose(tables: Tables, costs: CostModel, settings: Settings, b: int, block: 
     return replace(choice, baseline=baseline, draft_yield=draft_yield)
 
 
-def _lookup_choice(tables: Tables, pricing: Pricing, settings: Settings, offer: Offer, drafts: int,
-                   probes: Backoff) -> Choice:
-    """Lookup, which costs no pass, at its mean, or a lookup probe (see the module docstring)."""
-    rows = expectations(tables, offer)
-    choice = best(pricing, rows, drafts, False)
-    if settings.mode != "auto" or offer.lookup is None:
-        return choice
-    if probes.waiting:
-        return replace(choice, lookup_probes=probes.tick())
-    optimistic = best(pricing, expectations(tables, offer, settings.optimism), drafts, False, optimistic=True)
-    if optimistic.k <= choice.k:
-        return choice
-    expected = sum(max(rows[source][r][n], 1.0) if source else 1.0
-                   for r, (source, n) in enumerate(zip(optimistic.sources, optimistic.lengths)))
-    lost = pricing.lost(pricing.cycle(optimistic.k, False), expected)
-    return replace(optimistic, lookup_probes=probes.wait(pricing.wait_for(lost, settings)))
-
-
-def worth_drafting(tables: Tables, costs: CostModel, settings: Settings, b: int, block: int, offer: Offer,
+def worth_drafting(tables: Tables, costs: CostModel, b: int, block: int, offer: Offer,
                    outlook: tuple[float, float] | None, skips: Backoff) -> tuple[bool, Backoff | None]:
-    """(run the draft pass, the skipped-draft back-off after this cycle or None: unchanged)."""
-    if settings.mode != "auto" or offer.lookup is None:
+    """(run the draft pass, the skipped-draft back-off after this cycle or None: unchanged); the draft's
+    first probe waits for a row lookup leaves uncovered."""
+    if offer.lookup is None:
         return True, None
     pricing = Pricing(costs, b, remaining=offer.remaining)
     lookup = expectations(tables, offer)
     alone = best(pricing, lookup, block - 1, drafted=False)
-    if outlook is None:    # the draft's first probe waits for a row lookup leaves uncovered
+    if outlook is None:
         return not all(alone.sources), None
     k, per_row = round(outlook[0]), outlook[1]
     mixed = [max(per_row, row[min(k, len(row) - 1)]) for row in lookup["lookup"]]

@@ -1,12 +1,12 @@
-"""The cost model of a cycle on this machine (the target's pass of q tokens for b rows, the draft
-pass, the host work around them) and its start-up calibration.
+"""The cost model of a cycle on this machine: the target's pass of q tokens for b rows, the draft pass
+and the host work around them, in seconds.
 
-Contract: verify figures are calibrated (`calibrate`: one-row passes of 1, block, 4 and 16 x block
-tokens; `calibrate_cached`: stored per machine and target, `files.calibration`) or observed
-(`observe_verify`: a moving average per (b, q) that overrides the calibration). `verify(b, q)`: that
-figure, else linear in q between figures at batch b, else the token curve (piecewise linear in
-n = b * q) scaled to the nearest figure at batch b. `stale()`: the observed figures contradict the
-calibration; the stored one's `refresh(costs)` then replaces it with them (`adopt_observed()`).
+Contract: verify figures are calibrated at start-up (`calibrate`: one-row passes of 1, block, 4 and
+16 x block tokens; `calibrate_cached`: stored per machine and target, `files.calibration`) or
+observed (`observe_verify`: a moving average per (b, q) that overrides the calibration).
+`verify(b, q)`: that figure, else linear in q between figures at batch b, else the token curve
+(piecewise linear in n = b * q) scaled to the nearest figure at batch b. When the observed figures
+contradict the calibration (`stale()`), the stored one's `refresh(costs)` replaces it with them.
 """
 from __future__ import annotations
 
@@ -20,16 +20,17 @@ import torch
 from dflash2.files.cache import RECALIBRATE_ENV
 from dflash2.files.calibration import calibration_path, read_calibration, write_calibration
 
-EMA = 0.2
-CALIBRATION_SIZES = (1, 4, 16)  # times the block: the q of the start-up passes (plus q = 1)
+EMA = 0.2                       # the weight of a new figure in a moving average (`averaged`)
+CALIBRATION_SIZES = (1, 4, 16)  # times the block: the q of the start-up passes (plus q = 1) ...
+CALIBRATION_CONTEXT, CALIBRATION_REPEATS = 32, 2   # ... on a dummy context of 32 tokens, each size twice
 STALE_FACTOR = 1.5              # observed / calibrated beyond this (either way): the calibration is stale
 STALE_SAMPLES = 4               # ... once a (b, q) was observed this often
 
 VerifyTable = dict[tuple[int, int], float]   # (b, q) -> seconds
 
 
-def _averaged(table: dict, key, seconds: float) -> float:
-    return seconds if key not in table else (1 - EMA) * table[key] + EMA * seconds
+def averaged(old: float | None, new: float) -> float:
+    return new if old is None else (1 - EMA) * old + EMA * new
 
 
 class CostModel:
@@ -51,29 +52,29 @@ class CostModel:
         return len({b * q for b, q in self.verify_s}) >= 2
 
     def observe_verify(self, b: int, q: int, seconds: float) -> None:
-        self.observed_s[(b, q)] = _averaged(self.observed_s, (b, q), seconds)
+        self.observed_s[(b, q)] = averaged(self.observed_s.get((b, q)), seconds)
         self.observed_n[(b, q)] = self.observed_n.get((b, q), 0) + 1
 
     def observe_draft(self, b: int, seconds: float) -> None:
         self.draft_s[b] = self.draft_after(b, seconds)
 
     def draft_after(self, b: int, seconds: float) -> float:
-        return _averaged(self.draft_s, b, seconds)
+        return averaged(self.draft_s.get(b), seconds)
 
     def observe_host(self, b: int, speculative: bool, seconds: float) -> None:
-        self.host_s[(b, speculative)] = _averaged(self.host_s, (b, speculative), max(seconds, 0.0))
+        self.host_s[(b, speculative)] = averaged(self.host_s.get((b, speculative)), max(seconds, 0.0))
 
     def load_calibration(self, table: VerifyTable) -> None:
         self.calibrated_s.update(table)
 
-    def calibrate(self, target, block: int, context: int = 32, repeats: int = 2) -> None:
-        """On a dummy context, the fastest of `repeats` passes a size (a size's first pass is cold)."""
-        room = target.max_positions - context
+    def calibrate(self, target, block: int) -> None:
+        """On a dummy context, the fastest of `CALIBRATION_REPEATS` passes a size (a first pass is cold)."""
+        room = target.max_positions - CALIBRATION_CONTEXT
         sizes = [1] + [block * m for m in CALIBRATION_SIZES if block * m <= room]
         with target.aside():
             vocab = target.vocab_size
-            target.prefill([[(7 * i + 3) % vocab for i in range(context)]])
-            for q in sizes * repeats:
+            target.prefill([[(7 * i + 3) % vocab for i in range(CALIBRATION_CONTEXT)]])
+            for q in sizes * CALIBRATION_REPEATS:
                 ids = torch.full((1, q), 5 % vocab, dtype=torch.long, device=target.device)
                 start = time.perf_counter()
                 target.step(ids)
@@ -90,13 +91,10 @@ class CostModel:
         if not any(q > 1 and (b, 1) in seen for b, q in seen):
             return False   # both sides of the choice at one batch size, or wide passes alone would price
                            # the plain step (by extrapolation) and speculation would always "pay"
-        calibrated_batches = {b for b, _ in self.calibrated_s}
-        for b, q in seen:
-            if b in calibrated_batches:
-                ratio = self.observed_s[(b, q)] / max(_predict(self.calibrated_s, b, q), 1e-12)
-                if not 1 / STALE_FACTOR <= ratio <= STALE_FACTOR:
-                    return True
-        return False
+        batches = {b for b, _ in self.calibrated_s}
+        ratios = [self.observed_s[(b, q)] / max(_predict(self.calibrated_s, b, q), 1e-12)
+                  for b, q in seen if b in batches]
+        return any(not 1 / STALE_FACTOR <= ratio <= STALE_FACTOR for ratio in ratios)
 
     def adopt_observed(self) -> VerifyTable:
         """The figures observed `STALE_SAMPLES` times or more replace the whole calibration."""
@@ -149,9 +147,7 @@ def _on_curve(curve: list[tuple[int, float]], n: int) -> float:
 
 
 def _nearest(table: dict[int, float], b: int) -> float:
-    """The figure at batch b, else at the nearest measured b' (scaled by b / b' when b' > b), else 0."""
-    if b in table:
-        return table[b]
+    """The figure at the nearest measured batch size b' (scaled by b / b' when b' > b), else 0."""
     if not table:
         return 0.0
     nearest = min(table, key=lambda bb: abs(bb - b))

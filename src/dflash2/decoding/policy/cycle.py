@@ -74,9 +74,9 @@ class Offer:
 class Choice:
     """Room for k tokens a row; per row the source ("draft", "lookup", "tree", "" for none) and tokens
     verified (a tree's nodes; `branches` its two lengths, `second_sources` its second branch's source).
-    `baseline`: what the best choice without the draft was expected to lose against plain decoding
-    (seconds). For the learner: `lookup_probes` (None: unchanged) and `draft_yield` (an ordinary
-    draft cycle's best k and expected tokens a row)."""
+    For the learner: `baseline` (what the best choice without the draft was expected to lose against
+    plain decoding, seconds), `lookup_probes` (None: unchanged), `draft_yield` (an ordinary draft
+    cycle's best k and expected tokens a row)."""
     k: int
     expected: float
     rate: float

@@ -1,12 +1,11 @@
-"""What a cycle is expected to give: pure arithmetic of acceptance probabilities and plain-step times.
+"""What a cycle is expected to give: acceptance probabilities, expected tokens and plain-step times.
 
-Contract:
 - `AcceptanceModel`: P(a reached token is accepted | its confidence bin), greedy and sampled rows
   apart, as Beta counts whose prior follows the table's calibration so far (`scale`).
 - `expectations_by_length(p)`: E(k) = 1 + sum_{i<=k} prod_{j<=i} p_j, the tokens a cycle commits
   when k proposed tokens are verified; `tree_options`: the same for two branches as one tree.
 - A fixed batch ends with its last row: `saved_seconds` is what a cycle saves of the plain decoding
-  time that takes (rated per second: one step of policy improvement, the last row ends no later).
+  time that takes.
 """
 from __future__ import annotations
 
@@ -14,11 +13,24 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+BINS = 10             # confidence bins of a table
+PRIOR_WEIGHT = 2.0    # reached tokens a bin starts with, accepted at its mid confidence (times `scale`)
+
+
+def _bin(confidence: float) -> int:
+    return min(int(confidence * BINS), BINS - 1)
+
+
+def _mid(i: int) -> float:
+    return (i + 0.5) / BINS
+
+
+def _prior() -> list[list[float]]:
+    return [[PRIOR_WEIGHT * _mid(i), PRIOR_WEIGHT] for i in range(BINS)]
+
 
 @dataclass
 class AcceptanceModel:
-    bins: int = 10
-    prior_weight: float = 2.0
     scale_weight: float = 2.0   # the prior weight of the table-wide calibration (`scale`)
     counts: dict[bool, list[list[float]]] = field(default_factory=dict)  # greedy -> [bin] -> [accepted, reached]
     totals: dict[bool, list[float]] = field(default_factory=dict)  # greedy -> [accepted, sum of the reached bins' mids]
@@ -28,32 +40,25 @@ class AcceptanceModel:
         accepted, predicted = self.totals.get(greedy, (0.0, 0.0))
         return (accepted + self.scale_weight) / (predicted + self.scale_weight)
 
-    def _prior(self) -> list[list[float]]:
-        return [[self.prior_weight * (i + 0.5) / self.bins, self.prior_weight] for i in range(self.bins)]
-
-    def _bin(self, confidence: float) -> int:
-        return min(int(confidence * self.bins), self.bins - 1)
-
     def probabilities(self, confidence: list[float], greedy: bool, optimism: float = 0.0) -> list[float]:
         """Each token's posterior mean plus `optimism` standard deviations."""
-        table, scale, out = self.counts.get(greedy) or self._prior(), self.scale(greedy), []
+        table, scale, out = self.counts.get(greedy) or _prior(), self.scale(greedy), []
         for c in confidence:
-            i = self._bin(c)
+            i = _bin(c)
             accepted, reached = table[i]
-            mid = (i + 0.5) / self.bins
-            mean = (accepted + self.prior_weight * (min(mid * scale, 1.0) - mid)) / reached
+            mean = (accepted + PRIOR_WEIGHT * (min(_mid(i) * scale, 1.0) - _mid(i))) / reached
             out.append(min(mean + optimism * math.sqrt(mean * (1 - mean) / (reached + 1)), 1.0))
         return out
 
     def observe(self, confidence: list[float], greedy: bool, verified: int, accepted: int) -> None:
         """Tokens 1..verified were verified and 1..accepted accepted: 1..min(accepted + 1, verified) reached."""
-        table, totals = self.counts.setdefault(greedy, self._prior()), self.totals.setdefault(greedy, [0.0, 0.0])
+        table, totals = self.counts.setdefault(greedy, _prior()), self.totals.setdefault(greedy, [0.0, 0.0])
         for j in range(min(accepted + 1, verified)):
-            i, hit = self._bin(confidence[j]), 1.0 if j < accepted else 0.0
+            i, hit = _bin(confidence[j]), 1.0 if j < accepted else 0.0
             table[i][0] += hit
             table[i][1] += 1.0
             totals[0] += hit
-            totals[1] += (i + 0.5) / self.bins
+            totals[1] += _mid(i)
 
 
 def expectations_by_length(probabilities: list[float], reach: float = 1.0, first: float = 1.0) -> list[float]:
@@ -70,10 +75,8 @@ def tree_options(draft: list[float], second: list[float], shared: int) -> list[t
     nodes, draft length, second length); [] when one is a prefix of the other."""
     if shared >= min(len(draft), len(second)):
         return []
-    reach, base = 1.0, 1.0
-    for a, c in zip(draft[:shared], second[:shared]):   # shared tokens: the likelier source's probability
-        reach *= max(a, c)
-        base += reach
+    common = [max(a, c) for a, c in zip(draft[:shared], second[:shared])]   # shared: the likelier source's p
+    base, reach = expectations_by_length(common)[-1], math.prod(common)
     both = draft[shared] + second[shared]
     start = reach / both if both > 1 else reach          # the two diverging tokens: at most one accepted
     draft_gain, second_gain = (expectations_by_length(p[shared:], start, 0.0) for p in (draft, second))
@@ -87,13 +90,6 @@ def tree_options(draft: list[float], second: list[float], shared: int) -> list[t
         if best[w - 1][0] > best[w][0]:
             best[w] = best[w - 1]
     return best
-
-
-def best_per_width(options: list[tuple[list[tuple[float, int, int, int]], str]]) -> list[tuple[float, int, int, int, str]]:
-    """(`tree_options` list, its second branch's source) pairs of one row -> per width the best."""
-    widest = max((len(o) for o, _ in options), default=0)
-    return [max([(*o[min(w, len(o) - 1)], name) for o, name in options if o], key=lambda c: c[0])
-            for w in range(widest)]
 
 
 def plain_seconds(remaining: list[float], step: list[float]) -> float:

@@ -18,7 +18,7 @@ from functools import partial
 
 from dflash2.decoding.policy.chooser import (SPECULATE_MODES, Pricing, Settings, Tables, choose, unmeasured,
                                              worth_drafting)
-from dflash2.decoding.policy.costs import CostModel, calibrate_cached
+from dflash2.decoding.policy.costs import CostModel, averaged, calibrate_cached
 from dflash2.decoding.policy.cycle import LATTICE, Backoff, CyclePlan, CycleRecord, Offer
 from dflash2.decoding.policy.expectation import AcceptanceModel
 
@@ -54,11 +54,10 @@ class GainEvidence:
 
 
 class SpeculationPolicy:
-    def __init__(self, mode: str = "auto", costs: CostModel | None = None, min_backoff: int = 8,
-                 max_backoff: int = 512, budget: float = 0.02, optimism: float = 1.0, sources: int = 1):
+    def __init__(self, mode: str = "auto", costs: CostModel | None = None, **settings):
         if mode not in SPECULATE_MODES:
             raise ValueError(f"speculate mode must be one of {', '.join(SPECULATE_MODES)}, got {mode!r}")
-        self.settings = Settings(mode, min_backoff, max_backoff, budget, optimism, sources)
+        self.settings = Settings(mode, **settings)
         self.costs = costs or CostModel()
         self.tables: Tables = {"draft": AcceptanceModel(scale_weight=DRAFT_SCALE_WEIGHT), "lookup": AcceptanceModel(),
                                LATTICE: AcceptanceModel()}
@@ -66,9 +65,10 @@ class SpeculationPolicy:
         self.stretch = 0.0               # seconds the draft cycles since the last fallback lost, on balance
         self.probing = True              # the next draft pass is a probe
         self.outlook: tuple[float, float] | None = None   # the draft's usual (k, expected tokens a row)
-        self.fallback = Backoff.between(min_backoff, max_backoff)       # plain steps without the draft pass
-        self.lookup_probes = Backoff.between(min_backoff, max_backoff)  # lookup cycles until a lookup probe
-        self.draft_skips = Backoff.between(min_backoff, max_backoff)    # skipped draft passes until one renews
+        backoff = Backoff.between(self.settings.min_backoff, self.settings.max_backoff)
+        self.fallback = backoff          # plain steps without the draft pass
+        self.lookup_probes = backoff     # lookup cycles until a lookup probe
+        self.draft_skips = backoff       # skipped draft passes until one renews
 
     @property
     def mode(self) -> str:
@@ -94,7 +94,7 @@ class SpeculationPolicy:
         elif unmeasured(self.costs, self.settings, b):
             draft = False
         else:
-            draft, skips = worth_drafting(self.tables, self.costs, self.settings, b, block, offer, self.outlook,
+            draft, skips = worth_drafting(self.tables, self.costs, b, block, offer, self.outlook,
                                           self.draft_skips) if draft else (False, None)
             probe = self.probing
         chooser = partial(choose, self.tables, self.costs, self.settings, b, block, probe, self.lookup_probes)
@@ -109,8 +109,8 @@ class SpeculationPolicy:
         if plan.skips is not None:
             self.draft_skips = plan.skips
         if choice.draft_yield is not None:   # the draft's usual yield: a moving average
-            self.outlook = (float(choice.draft_yield[0]), choice.draft_yield[1]) if self.outlook is None else tuple(
-                0.8 * old + 0.2 * new for old, new in zip(self.outlook, choice.draft_yield))
+            (k, per_row), old = choice.draft_yield, self.outlook or (None, None)
+            self.outlook = (averaged(old[0], float(k)), averaged(old[1], per_row))
             if "draft" in choice.sources or choice.has_tree:   # the draft was chosen
                 self.draft_skips = self.draft_skips.relax()
         if choice.lookup_probes is not None:
