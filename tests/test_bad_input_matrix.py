@@ -291,6 +291,7 @@ CASES = {
         Case(("yardstick", "--draft", "draft-trunc"), "draft-trunc/model.safetensors"),
         Case(("yardstick", "--draft", "draft", "--arm", "a", "--arm", "b"), "--arm"),
         Case(("yardstick", "--draft", "draft", "--heldout", "0"), "--heldout"),
+        Case(("yardstick", "--draft", "draft", "--threads", "0"), "--threads must be positive"),
         Case(("yardstick", "--draft", "draft", "--data", "data", "--table", "project"), "--table 'project' is a dir"),
         Case(("yardstick", "--draft", "draft", "--data", "data", "--table", "afile.txt/t.md"), "'afile.txt' is a file"),
         Case(("yardstick", "--draft", "draft", "--data", "missing"), "missing"),

@@ -33,10 +33,13 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
+
 from dflash2.data.holdout import is_held_out
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
 from dflash2.argparsing import OneLineParser, add_device_arguments, add_recalibrate_argument, apply_recalibrate
 from dflash2.runtime.devices import settle
+from dflash2.runtime.machine import check_threads
 from dflash2.data.shards import load_manifest, read_records
 from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.decoding.proposers.draft import DRAFT_PHASES
@@ -187,6 +190,8 @@ def parse_args(argv):
     p.add_argument("--per-benchmark", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice); "
+                   "on a shared machine 1 thread can be far steadier")
     add_device_arguments(p, exact_verify=False)
     add_recalibrate_argument(p)
     args = p.parse_args(argv)
@@ -194,6 +199,9 @@ def parse_args(argv):
     args.device, _ = settle(args.device, args.dtype)
     for name in ("heldout", "per_benchmark", "max_new_tokens", "batch_size"):
         require(getattr(args, name) > 0, f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    warning = check_threads(args.threads)
+    if warning:
+        print(warning, file=sys.stderr)
     require(args.arm is None or len(args.arm) == len(args.draft), "give one --arm per --draft (or none)")
     table = Path(args.table)  # checked before minutes of measuring, like bench's --output
     require(not table.is_dir(), f"--table '{table}' is a directory; give a markdown file")
@@ -220,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
         settings = YardstickSettings(tuple(args.data), args.heldout, args.per_benchmark, args.max_new_tokens,
                                      args.batch_size)
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
         for i, draft in enumerate(args.draft):
             pipe = load_decoder(args.target, draft, args.device, args.dtype, speculate="always",
                                 proposer=model_proposer(args.families[i]), lattice=False)
@@ -229,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             row = {"arm": arm, "draft": draft, "budget": training_budget(Path(draft)), **asdict(result),
                    **pipe.precision.record(),
                    "settings": asdict(settings), "commit": git_commit(), "machine": cpu_model(),
+                   "threads": torch.get_num_threads(),
                    "machine_identity": machine_identity()}
             append_row(Path(args.table), row)
             print(f"{arm}: tau T=0 {result.tau['t0']:.3f}, T=1 {result.tau['t1']:.3f}, draft "
