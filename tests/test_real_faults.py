@@ -79,6 +79,16 @@ def test_thread_counts_beyond_the_cores_warn_and_far_beyond_are_refused():
         check_threads(MAX_OVERSUBSCRIPTION * cores + 1)
 
 
+def test_a_busy_machine_warns_a_measurement_with_several_threads():
+    from dflash2.runtime.machine import busy_warning, usable_cores
+
+    cores = usable_cores()
+    assert busy_warning(1, load=10.0 * cores) is None                 # one thread waits on no other
+    assert busy_warning(2, load=0.0) is None                          # a quiet machine
+    warning = busy_warning(2, load=float(cores))
+    assert warning.startswith("# warning: this machine is busy") and "--threads 1" in warning
+
+
 @pytest.mark.parametrize("argv", [
     ("yardstick", "--draft", "draft", "--data", "data", "--table", "{disk}/table.md"),
     ("bench", "--tiny", "--num-prompts", "1", "--output", "{disk}/bench"),

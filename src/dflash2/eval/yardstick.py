@@ -39,7 +39,7 @@ from dflash2.data.holdout import is_held_out
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
 from dflash2.argparsing import OneLineParser, add_device_arguments, add_recalibrate_argument, apply_recalibrate
 from dflash2.runtime.devices import settle
-from dflash2.runtime.machine import check_threads
+from dflash2.runtime.machine import busy_warning, check_threads
 from dflash2.data.shards import load_manifest, read_records
 from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.decoding.proposers.draft import DRAFT_PHASES
@@ -234,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
             pipe = load_decoder(args.target, draft, args.device, args.dtype, speculate="always",
                                 proposer=model_proposer(args.families[i]), lattice=False)
             print(f"# yardstick: {draft} | {pipe.header()}", file=sys.stderr)
+            busy = busy_warning(torch.get_num_threads()) if args.device == "cpu" else None
+            if busy:
+                print(busy, file=sys.stderr)
             result = measure(pipe, settings, frozen_prompts(Path(args.prompts), pipe.tokenizer, settings))
             arm = args.arm[i] if args.arm else draft
             row = {"arm": arm, "draft": draft, "budget": training_budget(Path(draft)), **asdict(result),

@@ -7,6 +7,11 @@ Contract:
   threads only contend); a count above the core count but within that bound is allowed and
   returns a one-line warning (`# warning: ...`) for the caller to print; None (torch's choice) and
   counts within the cores return None.
+- `busy_warning(threads, load=None)`: a one-line warning (`# warning: ...`) when more than one torch
+  thread runs on a machine already busy (a load average, default `os.getloadavg()`, of at least
+  its usable cores), else None: the threads wait on each other (on a 2-core host beside two other
+  jobs the yardstick's draft pass ran 7-17 times slower at 2 threads than at 1), so a measurement
+  is far steadier at `--threads 1`. Measuring commands print it before they start.
 - `available_memory()`: bytes of memory the kernel says a new allocation can take without
   swapping (MemAvailable), or None where it does not say. `require_memory(nbytes, what, hint)`
   refuses (one line) an allocation larger than that.
@@ -43,6 +48,16 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return max(1, os.cpu_count() or 1)
+
+
+def busy_warning(threads: int, load: float | None = None) -> str | None:
+    cores = usable_cores()
+    if load is None and hasattr(os, "getloadavg"):
+        load = os.getloadavg()[0]
+    if threads <= 1 or load is None or load < cores:
+        return None
+    return (f"# warning: this machine is busy (load average {load:.1f} on {cores} CPU cores): {threads} torch threads "
+            "will wait on each other and can run many times slower; --threads 1 is steadier")
 
 
 def check_threads(n: int | None, flag: str = "--threads") -> str | None:
