@@ -243,6 +243,7 @@ CASES = {
         Case(("regenerate", "--out", "new", "--num-prompts", "0"), "num_prompts"),
         Case(("regenerate", "--out", "new", "--num-prompts", "2", "--temperature", "nan"), "temperature"),
         Case(("regenerate", "--out", "new", "--num-prompts", "2", "--batch-size", "0"), "batch_size"),
+        Case(("regenerate", "--out", "new", "--num-prompts", "2", "--threads", "0"), "--threads must be positive"),
         Case(("regenerate", "--out", "new", "--num-prompts", "2", "--shard-size", "0"), "shard_size"),
         Case(("regenerate", "--out", "new", "--num-prompts", "2", "--source", "nosuch"), "--source"),
         Case(("regenerate", "--out", "afile.txt", "--num-prompts", "2"), "afile.txt exists and is not a directory"),

@@ -66,6 +66,7 @@ from dflash2.decoding.verifier.adapter import context_limit
 from dflash2.model.families import load_draft
 from dflash2.model.shape import target_text_config
 from dflash2.errors import DFlash2Error, require
+from dflash2.runtime.machine import check_threads
 from dflash2.data.shards import InOrder, Record, ShardWriter
 from dflash2.training.prompt_sets import Prompt, encode_training_prompts  # noqa: F401 (their home before)
 from dflash2.decoding.verifier.adapter import TargetAdapter
@@ -459,6 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
     remote.add_argument("--concurrency", type=int, default=None, help="requests in flight (default 8)")
     remote.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice); "
+                        "on a shared machine 1 thread can be far steadier")
     add_device_arguments(parser)
     return parser
 
@@ -475,6 +478,11 @@ def main(argv: list[str] | None = None) -> int:
                                                                           "(or give --prompts FILE)")
         require(args.endpoint is not None or args.concurrency is None,
                 "--concurrency sets the requests in flight to an --endpoint; give one (local decoding: --batch-size)")
+        warning = check_threads(args.threads)
+        if warning:
+            print(warning, file=sys.stderr)
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
         regenerate(args.target, args.out, args.num_prompts, max_new_tokens=args.max_new_tokens,
                    temperature=args.temperature, batch_size=args.batch_size, seed=args.seed, draft=args.draft,
                    shard_size=args.shard_size, prompts_source=args.source, max_prompt_tokens=args.max_prompt_tokens,
