@@ -126,3 +126,138 @@ def test_attention_with_rope_shared_by_the_pass_is_plain_rope_attention():
         context = attn.key_value(ctx, (cos[:, :ctx_len], sin[:, :ctx_len]))
         got = attn(x, (cos[:, ctx_len:], sin[:, ctx_len:]), context, mask)
     assert torch.allclose(got, expected.detach(), atol=1e-5)
+
+
+# ---------------------------------------------------------------- packed projections (`model.packing`)
+
+import copy
+
+from dflash2.decoding.proposers.draft import DraftProposer
+
+
+def bound_tiny_draft(dtype, draft_vocab_size=None):
+    target = tiny_target("llama")
+    draft = tiny_draft(target, draft_vocab_size=draft_vocab_size).to(dtype)
+    draft.bind_target(target.get_input_embeddings().weight, target.get_output_embeddings().weight)
+    return draft
+
+
+def run_cycles(draft, rows, temperature, seed=0):
+    """A proposer's life on random target features: prefill `rows` rows (and merge two more), three
+    proposals with appends between them (uneven counts leave holes), the last with the lattice."""
+    generator = torch.Generator().manual_seed(seed)
+    width = draft.config.num_taps * draft.config.target_hidden_size
+    vocab = draft.config.vocab_size
+
+    def features(b, length):
+        return (torch.randn(b, length, width, generator=generator) * 3).to(draft.fc.weight.dtype)
+
+    proposer = DraftProposer(draft, lattice=True)
+    mask = torch.ones(rows, 12, dtype=torch.long)
+    mask[0, :4] = 0                                                     # a left-padded row
+    proposer.add_rows(features(rows, 12), mask)
+    proposer.add_rows(features(2, 9), torch.ones(2, 9, dtype=torch.long))
+    b = rows + 2
+    start = torch.cat([mask.sum(-1), torch.full((2,), 9)])
+    temps = torch.tensor([temperature if r % 2 else 0.0 for r in range(b)])
+    seeds = torch.arange(b) + 11
+    out = []
+    for cycle in range(3):
+        anchors = torch.randint(0, vocab - 1, (b,), generator=generator)
+        out.append(proposer.propose(anchors, start, draft.config.block_size, temps, seeds))
+        counts = torch.randint(1, draft.config.block_size + 1, (b,), generator=generator)
+        proposer.append(features(b, draft.config.block_size), counts, start, defer=cycle == 1)
+        start = start + counts
+    return out
+
+
+def same_proposals(a, b, bits=True):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert torch.equal(x.tokens, y.tokens)
+        if bits:
+            assert torch.equal(x.confidence, y.confidence)
+            assert (x.q is None) == (y.q is None) and (x.q is None or torch.equal(x.q, y.q))
+            assert (x.second is None) == (y.second is None)
+            if x.second is not None:
+                assert torch.equal(x.second.tokens, y.second.tokens) and torch.equal(x.second.fork, y.second.fork)
+                assert torch.equal(x.second.confidence, y.second.confidence)
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+@pytest.mark.parametrize("draft_vocab_size", [None, 40])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_packed_draft_proposes_the_modules_proposals_bit_for_bit_in_float32(rows, draft_vocab_size, temperature):
+    packed = bound_tiny_draft(torch.float32, draft_vocab_size)
+    plain = copy.deepcopy(packed)
+    plain.packing = False
+    got, expected = run_cycles(packed, rows, temperature), run_cycles(plain, rows, temperature)
+    assert packed.layers[0].self_attn.packed_qkv is not None and plain.layers[0].self_attn.packed_qkv is None
+    same_proposals(got, expected)
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_packed_draft_proposes_the_modules_proposals_bit_for_bit_in_bfloat16(rows, temperature):
+    """oneDNN's packed kernel up to `projections.SAME_BITS_ROWS` rows (batch 1 + 2: 24 rows a pass),
+    the concatenated weight's `F.linear` beyond (batch 8 + 2: 80 rows)."""
+    packed = bound_tiny_draft(torch.bfloat16, 40)
+    plain = copy.deepcopy(packed)
+    plain.packing = False
+    got, expected = run_cycles(packed, rows, temperature), run_cycles(plain, rows, temperature)
+    same_proposals(got, expected)
+
+
+def test_packing_leaves_parameters_and_training_alone_and_a_changed_weight_is_not_served_stale():
+    draft = bound_tiny_draft(torch.float32)
+    params = dict(draft.named_parameters())
+    state = {n: t.clone() for n, t in draft.state_dict().items()}
+    draft.pack()
+    assert all(p is params[n] for n, p in draft.named_parameters())
+    assert draft.state_dict().keys() == state.keys()
+    features = torch.randn(1, 5, draft.fc.in_features)
+    positions = torch.arange(5)[None]
+    with torch.no_grad():
+        draft.fc.weight.mul_(2.0)                  # an optimiser step would change it in place too
+        draft.layers[0].self_attn.k_proj.weight.add_(0.5)
+    reference = copy.deepcopy(draft)
+    reference.packing = False
+    reference.pack()
+    with torch.inference_mode():
+        for (k, v), (rk, rv) in zip(draft.context_kv(features, positions), reference.context_kv(features, positions)):
+            assert torch.equal(k, rk) and torch.equal(v, rv)
+    context = draft.context_kv(features, positions)  # with gradients: the modules' own matmuls
+    positions = torch.arange(5, 13).view(1, 1, 8)
+    from dflash2.model.mask import block_visibility
+    hidden = draft.forward_blocks(torch.zeros(1, 1, 8, dtype=torch.long), positions, context,
+                                  block_visibility(positions, torch.arange(5)[None], None))
+    hidden.sum().backward()
+    assert draft.layers[0].self_attn.q_proj.weight.grad is not None
+    assert draft.layers[0].mlp.gate_proj.weight.grad is not None
+
+
+def test_the_shipped_draft_packed_proposes_the_same_tokens_in_bfloat16(smollm2_cache):
+    """The shipped draft on SmolLM2's own features of eight chat prompts, alone and as one batch: the
+    same tokens and the same bits of their confidence."""
+    from dflash2.pipeline import load_decoder
+    from dflash2.targets.chat import encode_prompt
+
+    pipe = load_decoder("smollm2", dtype="bfloat16", draft_dtype="bfloat16", proposer="draft")
+    adapter, packed = pipe.decoder.target, pipe.decoder.draft
+    plain = copy.deepcopy(packed)
+    plain.packing = False
+    prompts = ["Explain in three sentences why the sky is blue.", "Write a haiku about autumn rain.",
+               "What is 17 times 23? Show your steps.", "Translate 'good morning, friend' into French.",
+               "Give me a Python function that reverses a string.", "Summarise the plot of Hamlet briefly.",
+               "List three uses of baking soda.", "How do vaccines train the immune system?"]
+    ids = [encode_prompt(pipe.tokenizer, p) for p in prompts]
+    for batch in ([ids[0]], ids):
+        _, features = adapter.prefill(batch)
+        anchors = torch.tensor([p[-1] for p in batch])
+        tokens = []
+        for draft in (packed, plain):
+            proposer = DraftProposer(draft)
+            proposer.add_rows(features, adapter.mask)
+            proposal = proposer.propose(anchors, adapter.next_position.clone(), draft.config.block_size)
+            tokens.append((proposal.tokens, proposal.confidence))
+        assert torch.equal(tokens[0][0], tokens[1][0]) and torch.equal(tokens[0][1], tokens[1][1])

@@ -42,6 +42,7 @@ from dflash2.model.config import DFlash2Config
 from dflash2.model.conv import GroupedDynamicConv
 from dflash2.errors import DFlash2Error, require
 from dflash2.files.atomic import atomic_directory, atomic_file, atomic_write
+from dflash2.model.packing import project, repack
 from dflash2.model.selector import CandidateSelector
 from dflash2.model.swiglu import SwiGLU
 from dflash2.files.weights import require_finite, safetensors_header, save_safetensors
@@ -92,12 +93,23 @@ class DraftAttention(nn.Module):
         self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=False)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.packed_qkv = self.packed_kv = self.packed_o = None   # `DFlash2DraftModel.pack`
+
+    def pack(self) -> None:
+        self.packed_qkv = repack(self.packed_qkv, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
+        self.packed_kv = repack(self.packed_kv, self.k_proj.weight, self.v_proj.weight)
+        self.packed_o = repack(self.packed_o, self.o_proj.weight)
 
     def key_value(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """x [b, L, H], rope (cos, sin) of its positions [b, L, 1, d] -> roped K, V [b, kv_heads, L, d]."""
-        b, length, _ = x.shape
-        k = self.k_proj(x).view(b, length, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, length, self.kv_heads, self.head_dim)
+        return self._rope_kv(*project(x, self.packed_kv, self.k_proj.weight, self.v_proj.weight), rope)
+
+    def _rope_kv(self, k: torch.Tensor, v: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [b, L, kv_heads * d] -> normed, roped K and V [b, kv_heads, L, d]."""
+        b, length, _ = k.shape
+        k = k.view(b, length, self.kv_heads, self.head_dim)
+        v = v.view(b, length, self.kv_heads, self.head_dim)
         return apply_rope(self.k_norm(k), *rope).transpose(1, 2), v.transpose(1, 2)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], context: tuple[torch.Tensor, torch.Tensor],
@@ -109,14 +121,15 @@ class DraftAttention(nn.Module):
         k = torch.cat([context[0], k_block], dim=2)
         v = torch.cat([context[1], v_block], dim=2)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.heads * self.head_dim))
+        return project(out.transpose(1, 2).reshape(b, q_len, self.heads * self.head_dim), self.packed_o, self.o_proj.weight)[0]
 
     def block_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [b, Q, H] -> normed, roped q [b, heads, Q, d] and the block's own K, V [b, kv_heads, Q, d]."""
         b, q_len, _ = x.shape
-        q = self.q_proj(x).view(b, q_len, self.heads, self.head_dim)
-        k, v = self.key_value(x, rope)
+        q, k, v = project(x, self.packed_qkv, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
+        k, v = self._rope_kv(k, v, rope)
+        q = q.view(b, q_len, self.heads, self.head_dim)
         return apply_rope(self.q_norm(q), *rope).transpose(1, 2), k, v
 
 
@@ -131,6 +144,22 @@ class DraftLayer(nn.Module):
         if config.use_conv:
             self.attention_conv = GroupedDynamicConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)
             self.mlp_conv = GroupedDynamicConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)
+        self.packed_gate_up = self.packed_down = None   # `DFlash2DraftModel.pack`
+
+    def pack(self) -> None:
+        self.self_attn.pack()
+        mlp = self.mlp
+        self.packed_gate_up = repack(self.packed_gate_up, mlp.gate_proj.weight, mlp.up_proj.weight)
+        self.packed_down = repack(self.packed_down, mlp.down_proj.weight)
+        if self.use_conv:
+            self.attention_conv.pack()
+            self.mlp_conv.pack()
+
+    def swiglu(self, m: torch.Tensor) -> torch.Tensor:
+        """`self.mlp(m)` (the same products), gate and up by one packed matmul where packed."""
+        mlp = self.mlp
+        gate, up = project(m, self.packed_gate_up, mlp.gate_proj.weight, mlp.up_proj.weight)
+        return project(F.silu(gate) * up, self.packed_down, mlp.down_proj.weight)[0]
 
     def forward(self, x, rope, context, mask, conv_enabled: bool = True):
         """x [b, n, B, H] (block layout keeps the convolutions block-local); rope (cos, sin) of the
@@ -146,7 +175,7 @@ class DraftLayer(nn.Module):
         m = self.post_attention_layernorm(x)
         if use_conv:
             m, k2 = self.mlp_conv.prepare(m)
-        y = self.mlp(m)
+        y = self.swiglu(m)
         return x + (self.mlp_conv.finish(y, k2) if use_conv else y)
 
 
@@ -172,7 +201,28 @@ class DFlash2DraftModel(nn.Module):
             self.register_buffer("t2d", kept)
         self.register_buffer("draft_head", None, persistent=False)       # [Vd, H] rows of lm_head_weight
         self._borrowed: _Borrowed | None = None
+        self.packed_fc = self.packed_head = None   # `pack`
+        self.packing = True       # analysis switch: False keeps every pass on the modules' own matmuls
         self.conv_enabled = True  # analysis switch: run a DFlash2 draft with its convolutions off
+
+    def pack(self) -> None:
+        """Keep inference copies of the projections (`model.packing`): q/k/v and gate/up each as one
+        matmul, on oneDNN's prepacked layout at bfloat16. Passes without gradients use them while
+        they are fresh (a changed weight falls back to the module's own until the next `pack`);
+        the parameters, `state_dict()` and training are untouched. Cheap when nothing changed.
+        With `packing` off it drops every pack."""
+        if not self.packing:
+            for module in self.modules():
+                for name in [n for n in vars(module) if n.startswith("packed_")]:
+                    setattr(module, name, None)
+            return
+        for layer in self.layers:
+            layer.pack()
+        self.packed_fc = repack(self.packed_fc, self.fc.weight)
+        head = self.head_weight
+        self.packed_head = None if head is None else repack(self.packed_head, head)
+        if self.selector is not None:
+            self.selector.pack()
 
     @property
     def selector(self) -> CandidateSelector | None:
@@ -250,7 +300,7 @@ class DFlash2DraftModel(nn.Module):
 
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """features [b, L, n_taps*H_t], positions [b, L] -> per layer (K, V) [b, kv, L, d]."""
-        ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        ctx = self.hidden_norm(project(features.to(self.fc.weight.dtype), self.packed_fc, self.fc.weight)[0])
         rope = self.rope(positions, ctx.dtype)
         return [layer.self_attn.key_value(ctx, rope) for layer in self.layers]
 
@@ -273,7 +323,7 @@ class DFlash2DraftModel(nn.Module):
         # 2-D input: F.linear on [..., T, H] with a broadcast weight falls into a much slower
         # batched matmul on CPU (docs/cycle-cost.md, components on a CPU).
         flat = hidden.reshape(-1, hidden.shape[-1])
-        logits = F.linear(flat, self.head_weight.to(hidden.dtype)).float().view(*hidden.shape[:-1], -1)
+        logits = project(flat, self.packed_head, self.head_weight.to(hidden.dtype))[0].float().view(*hidden.shape[:-1], -1)
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
