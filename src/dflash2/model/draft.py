@@ -207,10 +207,11 @@ class DFlash2DraftModel(nn.Module):
 
     def pack(self) -> None:
         """Keep inference copies of the projections (`model.packing`): q/k/v and gate/up each as one
-        matmul, on oneDNN's prepacked layout at bfloat16. Passes without gradients use them while
-        they are fresh (a changed weight falls back to the module's own until the next `pack`);
-        the parameters, `state_dict()` and training are untouched. Cheap when nothing changed.
-        With `packing` off it drops every pack."""
+        matmul, on oneDNN's prepacked layout at bfloat16. Passes without gradients use them (a
+        weight changed in place is copied again before its next use; a weight replaced by another
+        tensor, as `bind_target` replaces the head, runs on the module's own matmul until the next
+        `pack`); the parameters, `state_dict()` and training are untouched. With `packing` off it
+        drops every pack."""
         if not self.packing:
             for module in self.modules():
                 for name in [n for n in vars(module) if n.startswith("packed_")]:

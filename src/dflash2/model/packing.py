@@ -2,16 +2,18 @@
 gate, up) in one matmul, on prepacked oneDNN weights where that pays, without touching the module.
 
 Contract:
-- `Packed(*weights, form)` keeps a copy of the weights ([out_i, in] each, one input size) as one
+- `Packed(*weights)` keeps a copy of the weights ([out_i, in] each, one input size) as one
   `targets.projections.Projection` (concatenated along the output dimension, so each output is
-  still its own row's dot product with x) in `form`: "packed" (oneDNN's layout) or "plain"
-  (`F.linear` on the concatenated weight). The module's parameters, hence `state_dict()`, the
-  checkpoint format, training and export, are unchanged.
-- `fresh()`: the copy still holds what the weights hold: same tensors (storage, dtype, device) and
-  no in-place change since (`_version`: an optimiser step, `load_state_dict`, `.copy_`).
+  still its own row's dot product with x) in the form `default_form` picks: "packed" (oneDNN's
+  layout) for bfloat16 where oneDNN prepacks it, else "plain" (`F.linear` on the concatenated
+  weight; float32: oneDNN's packed float32 kernel rounds differently from MKL's above one row).
+  The module's parameters, hence `state_dict()`, the checkpoint format, training and export, are
+  unchanged. Not copied with its module (`deepcopy`) and not pickled.
 - `project(x, pack, *weights)` -> the outputs of each weight for x, `[..., out_i]` each: through the
-  pack when it is given, fresh and no gradient is recorded; else `F.linear` weight by weight (the
-  module's own arithmetic; training always takes this path).
+  pack where it is a pack of these very tensors and no gradient is recorded; else `F.linear`
+  weight by weight (the module's own arithmetic; training always takes this path). A pack whose
+  weights changed since its copy (storage, or in place: `_version`, as an optimiser step,
+  `load_state_dict` or `.copy_` leave them) copies them again before it serves.
 - A pack computes the bits its weights' `F.linear`s compute, so a draft proposes what its modules
   would, bit for bit: "packed" runs oneDNN's packed kernel up to `projections.SAME_BITS_ROWS` rows
   (where it agrees with `F.linear`; 1.5-1.8x faster matmuls of a batch-1 draft pass's 7-8 rows
@@ -20,8 +22,8 @@ Contract:
   the concatenated weight gives each part's bits up to 134 rows and more, float32 and bfloat16),
   and each weight's own `F.linear` beyond (prefills: there a concatenated bfloat16 weight rounds
   its own way from 200 rows).
-- `default_form(weight)`: "packed" for bfloat16 where oneDNN prepacks it, else "plain" (float32:
-  oneDNN's packed float32 kernel rounds differently from MKL's at any size above one row).
+- `repack(pack, *weights)`: `pack` where it holds these tensors, else a new pack of them (None for
+  weights not loaded yet, on the meta device).
 """
 from __future__ import annotations
 
@@ -37,27 +39,31 @@ def default_form(weight: torch.Tensor) -> str:
 
 
 def _signature(weights: tuple[torch.Tensor, ...]) -> tuple:
-    return tuple((w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape)) for w in weights)
+    return tuple((w.data_ptr(), w._version) for w in weights)
 
 
 class Packed:
     """Not a module: a copy of `weights` for inference (see the contract)."""
 
-    def __init__(self, *weights: torch.Tensor, form: str | None = None):
+    def __init__(self, *weights: torch.Tensor):
         self.weights = weights
         self.sizes = [w.shape[0] for w in weights]
-        self.signature = _signature(weights)
+        self.signature: tuple | None = None
+        self.projection: Projection | None = None
+        self._copy()
+
+    def _copy(self) -> None:
         parts = []
-        for weight in weights:   # frozen stand-ins: `Projection` concatenates nn.Linear parts
+        for weight in self.weights:   # frozen stand-ins: `Projection` concatenates nn.Linear parts
             part = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
             part.weight = nn.Parameter(weight.detach(), requires_grad=False)
             parts.append(part)
         self.projection = Projection(*parts)
-        self.projection.refresh(form or default_form(weights[0]), share=False)
+        self.projection.refresh(default_form(self.weights[0]), share=False)
+        self.signature = _signature(self.weights)
 
-    def serves(self, weights: tuple[torch.Tensor, ...]) -> bool:
-        """These very tensors, unchanged since the copy (`fresh`)."""
-        return len(weights) == len(self.weights) and all(a is b for a, b in zip(weights, self.weights)) and self.fresh()
+    def holds(self, weights: tuple[torch.Tensor, ...]) -> bool:
+        return len(weights) == len(self.weights) and all(a is b for a, b in zip(weights, self.weights))
 
     def __deepcopy__(self, memo) -> None:   # a copied module packs anew (oneDNN's layout does not copy)
         return None
@@ -65,14 +71,13 @@ class Packed:
     def __reduce__(self):                      # nor pickle: a pickled module holds no pack
         return type(None), ()
 
-    def fresh(self) -> bool:
-        return _signature(self.weights) == self.signature
-
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         """x [..., in] -> each weight's output [..., out_i] (see the contract for the kernel)."""
         rows = x.numel() // x.shape[-1]
         if rows > FUSED_ROWS:
             return [F.linear(x, w) for w in self.weights]
+        if _signature(self.weights) != self.signature:
+            self._copy()
         if self.projection.packed is not None and rows > SAME_BITS_ROWS:   # the packed kernel would round its own way
             return list(F.linear(x, self.projection.weight).split(self.sizes, dim=-1))
         return list(self.projection(x).split(self.sizes, dim=-1))
@@ -80,15 +85,13 @@ class Packed:
 
 def project(x: torch.Tensor, pack: Packed | None, *weights: torch.Tensor) -> list[torch.Tensor]:
     """x [..., in] -> [x @ w.T for w in weights] ([..., out_i] each), by `pack` where it serves."""
-    if pack is not None and not torch.is_grad_enabled() and pack.serves(weights):
+    if pack is not None and not torch.is_grad_enabled() and pack.holds(weights):
         return pack(x)
     return [F.linear(x, w) for w in weights]
 
 
 def repack(pack: Packed | None, *weights: torch.Tensor) -> Packed | None:
-    """`pack` while it is fresh for `weights`, else a new one (None for meta weights: not loaded)."""
+    """`pack` where it holds these tensors, else a new pack of them (None for meta weights)."""
     if any(w.is_meta for w in weights):
         return None
-    if pack is not None and pack.serves(weights):
-        return pack
-    return Packed(*weights)
+    return pack if pack is not None and pack.holds(weights) else Packed(*weights)

@@ -140,9 +140,8 @@ class DraftProposer:
 
     def propose(self, anchors: torch.Tensor, start_positions: torch.Tensor, block_size: int,
                 temperature: torch.Tensor | float = 0.0, seeds: torch.Tensor | None = None) -> Proposal:
-        draft = self.draft
-        draft.pack()   # cheap when the weights did not change
         self._flush()
+        draft = self.draft
         b = anchors.shape[0]
         temperature = torch.as_tensor(temperature, dtype=torch.float32, device=anchors.device).expand(b)
         temperature = temperature * self.temperature_factor          # sampled rows only: 0 stays 0 (greedy)
