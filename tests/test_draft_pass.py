@@ -196,16 +196,44 @@ def test_packed_draft_proposes_the_modules_proposals_bit_for_bit_in_float32(rows
     same_proposals(got, expected)
 
 
-@pytest.mark.parametrize("rows", [1, 8])
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_packed_draft_proposes_the_modules_proposals_bit_for_bit_in_bfloat16(rows, temperature):
-    """oneDNN's packed kernel up to `projections.SAME_BITS_ROWS` rows (batch 1 + 2: 24 rows a pass),
-    the concatenated weight's `F.linear` beyond (batch 8 + 2: 80 rows)."""
+def test_packed_draft_proposes_the_modules_proposals_bit_for_bit_in_bfloat16_at_batch_one(temperature):
+    """oneDNN's packed kernel up to `projections.SAME_BITS_ROWS` rows gives `F.linear`'s bits
+    (batch 1 + 2 merged rows: 24 rows a pass)."""
     packed = bound_tiny_draft(torch.bfloat16, 40)
     plain = copy.deepcopy(packed)
     plain.packing = False
-    got, expected = run_cycles(packed, rows, temperature), run_cycles(plain, rows, temperature)
-    same_proposals(got, expected)
+    same_proposals(run_cycles(packed, 1, temperature), run_cycles(plain, 1, temperature))
+
+
+def batch_against_rows_alone(draft, rows=8, temperature=0.0):
+    """How many rows of one batch-`rows` proposal differ (tokens or confidence bits) from that row's
+    proposal alone over the same context (`select_rows` of the same proposer)."""
+    generator = torch.Generator().manual_seed(5)
+    width = draft.config.num_taps * draft.config.target_hidden_size
+    proposer = DraftProposer(draft)
+    proposer.add_rows((torch.randn(rows, 10, width, generator=generator) * 3).to(draft.fc.weight.dtype),
+                      torch.ones(rows, 10, dtype=torch.long))
+    anchors = torch.randint(0, draft.config.vocab_size - 1, (rows,), generator=generator)
+    start = torch.full((rows,), 10)
+    temps, seeds = torch.full((rows,), temperature), torch.arange(rows)
+    whole = proposer.propose(anchors, start, draft.config.block_size, temps, seeds)
+    differ = 0
+    for r in range(rows):
+        alone = copy.copy(proposer)
+        alone.select_rows(torch.tensor([r]))
+        one = alone.propose(anchors[r:r + 1], start[r:r + 1], draft.config.block_size, temps[r:r + 1], seeds[r:r + 1])
+        differ += not (torch.equal(one.tokens, whole.tokens[r:r + 1])
+                       and torch.equal(one.confidence, whole.confidence[r:r + 1]))
+    return differ
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_packed_draft_in_bfloat16_proposes_for_each_row_of_a_batch_what_it_proposes_alone(temperature):
+    """Beyond `SAME_BITS_ROWS` (batch 8: 64 rows a pass) `F.linear` changes algorithm and a row's
+    bits depend on its batch; the packed kernel keeps the one-row bits (the row alone: 8 rows)."""
+    draft = bound_tiny_draft(torch.bfloat16, 40)
+    assert batch_against_rows_alone(draft, temperature=temperature) == 0
 
 
 def test_packing_leaves_parameters_and_training_alone_and_a_changed_weight_is_not_served_stale():
@@ -236,9 +264,12 @@ def test_packing_leaves_parameters_and_training_alone_and_a_changed_weight_is_no
     assert draft.layers[0].mlp.gate_proj.weight.grad is not None
 
 
-def test_the_shipped_draft_packed_proposes_the_same_tokens_in_bfloat16(smollm2_cache):
-    """The shipped draft on SmolLM2's own features of eight chat prompts, alone and as one batch: the
-    same tokens and the same bits of their confidence."""
+def test_the_shipped_draft_packed_proposes_the_same_in_bfloat16(smollm2_cache):
+    """The shipped draft on SmolLM2's own features of eight chat prompts: alone, the modules' own
+    tokens (a prompt's 35-60 context rows project on the packed kernel, which rounds its own way
+    there, so the confidences may differ in their last bits); as one batch, each row what it
+    proposes alone, which the modules' own matmuls do not give (their rounding changes with the
+    batch's size)."""
     from dflash2.pipeline import load_decoder
     from dflash2.targets.chat import encode_prompt
 
@@ -251,13 +282,28 @@ def test_the_shipped_draft_packed_proposes_the_same_tokens_in_bfloat16(smollm2_c
                "Give me a Python function that reverses a string.", "Summarise the plot of Hamlet briefly.",
                "List three uses of baking soda.", "How do vaccines train the immune system?"]
     ids = [encode_prompt(pipe.tokenizer, p) for p in prompts]
-    for batch in ([ids[0]], ids):
-        _, features = adapter.prefill(batch)
-        anchors = torch.tensor([p[-1] for p in batch])
+    for prompt in ids:
+        _, features = adapter.prefill([prompt])
+        anchors = torch.tensor([prompt[-1]])
         tokens = []
         for draft in (packed, plain):
             proposer = DraftProposer(draft)
             proposer.add_rows(features, adapter.mask)
             proposal = proposer.propose(anchors, adapter.next_position.clone(), draft.config.block_size)
-            tokens.append((proposal.tokens, proposal.confidence))
-        assert torch.equal(tokens[0][0], tokens[1][0]) and torch.equal(tokens[0][1], tokens[1][1])
+            tokens.append(proposal.tokens)
+        assert torch.equal(tokens[0], tokens[1])
+    _, features = adapter.prefill(ids)
+    anchors, start = torch.tensor([p[-1] for p in ids]), adapter.next_position.clone()
+    differ = {}
+    for name, draft in (("packed", packed), ("plain", plain)):
+        proposer = DraftProposer(draft)
+        proposer.add_rows(features, adapter.mask)
+        whole = proposer.propose(anchors, start, draft.config.block_size)
+        differ[name] = 0
+        for r in range(len(ids)):
+            alone = copy.copy(proposer)
+            alone.select_rows(torch.tensor([r]))
+            one = alone.propose(anchors[r:r + 1], start[r:r + 1], draft.config.block_size)
+            differ[name] += not (torch.equal(one.tokens, whole.tokens[r:r + 1])
+                                 and torch.equal(one.confidence, whole.confidence[r:r + 1]))
+    assert differ["packed"] == 0 and differ["plain"] > 0

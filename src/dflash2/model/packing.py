@@ -14,14 +14,15 @@ Contract:
   weight by weight (the module's own arithmetic; training always takes this path). A pack whose
   weights changed since its copy (storage, or in place: `_version`, as an optimiser step,
   `load_state_dict` or `.copy_` leave them) copies them again before it serves.
-- A pack computes the bits its weights' `F.linear`s compute, so a draft proposes what its modules
-  would, bit for bit: "packed" runs oneDNN's packed kernel up to `projections.SAME_BITS_ROWS` rows
-  (where it agrees with `F.linear`; 1.5-1.8x faster matmuls of a batch-1 draft pass's 7-8 rows
-  here), `F.linear` on the concatenated weight up to `projections.FUSED_ROWS` (the packed kernel
-  rounds its own way there: 6 of 64 tokens of the shipped draft at batch 8 changed on near ties;
-  the concatenated weight gives each part's bits up to 134 rows and more, float32 and bfloat16),
-  and each weight's own `F.linear` beyond (prefills: there a concatenated bfloat16 weight rounds
-  its own way from 200 rows).
+- Bits. "plain" gives each weight's own `F.linear` bits (the concatenated weight does, float32 and
+  bfloat16, at every pass size up to `projections.FUSED_ROWS`). "packed" runs oneDNN's packed
+  kernel up to `PACKED_ROWS` rows (1.5-1.8x faster matmuls of a draft pass's 7-64 rows here):
+  up to `projections.SAME_BITS_ROWS` rows (a batch-1 pass) it gives `F.linear`'s bits; beyond,
+  where `F.linear` changes algorithm and a row's result starts to depend on the batch around it,
+  the packed kernel keeps giving every row its one-row bits, so a batch proposes what each of its
+  rows would propose alone (tests/test_draft_pass.py; `F.linear` would not). Above `FUSED_ROWS`
+  (prefills) every weight runs its own `F.linear` (a concatenated bfloat16 weight rounds its own
+  way from about 200 rows).
 - `repack(pack, *weights)`: `pack` where it holds these tensors, else a new pack of them (None for
   weights not loaded yet, on the meta device).
 """
@@ -32,6 +33,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash2.targets.projections import FUSED_ROWS, SAME_BITS_ROWS, Projection, can_pack
+
+
+PACKED_ROWS = FUSED_ROWS   # bfloat16 passes up to this many rows run the packed kernel
 
 
 def default_form(weight: torch.Tensor) -> str:
@@ -78,7 +82,7 @@ class Packed:
             return [F.linear(x, w) for w in self.weights]
         if _signature(self.weights) != self.signature:
             self._copy()
-        if self.projection.packed is not None and rows > SAME_BITS_ROWS:   # the packed kernel would round its own way
+        if self.projection.packed is not None and rows > PACKED_ROWS:
             return list(F.linear(x, self.projection.weight).split(self.sizes, dim=-1))
         return list(self.projection(x).split(self.sizes, dim=-1))
 
