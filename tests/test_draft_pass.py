@@ -78,8 +78,33 @@ def test_convolution_coefficients_and_shift_match_the_per_channel_definition():
             shifted[..., tap:, :] = x[..., :-tap, :]
             expected = expected + coeffs[..., side, tap, :] * shifted
         assert torch.equal(conv.apply_side(x, coeffs, side), expected)
+        with torch.inference_mode():   # the in-place form: the same values (torch.equal: -0.0 == 0.0)
+            assert torch.equal(conv.apply_side(x, coeffs, side), expected)
     short = torch.randn(1, 1, 2, 64)   # a block no longer than the taps: the far tap sees only zeros
     assert conv.apply_side(short, conv.coefficients(short), 0).shape == short.shape
+    with torch.inference_mode():
+        expected = conv.coefficients(short)[..., 0, 0, :] * short
+        expected[..., 1:, :] += conv.coefficients(short)[..., 1:, 0, 1, :] * short[..., :1, :]
+        assert torch.equal(conv.apply_side(short, conv.coefficients(short), 0), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_without_gradients_gives_the_fp32_formulas_bits(dtype):
+    """The draft's RMSNorm hands x to `F.rms_norm` in its own dtype at inference on the CPU: the bits
+    of normalising in fp32 and rounding once, even for tapped features with norms in the thousands."""
+    import torch.nn.functional as F
+
+    from dflash2.model.draft import RMSNorm
+    torch.manual_seed(4)
+    norm = RMSNorm(576, 1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.3)
+    for scale in (1e-3, 1.0, 3e3):
+        x = (torch.randn(3, 8, 576) * scale).to(dtype)
+        expected = F.rms_norm(x.float(), (576,), norm.weight.float(), 1e-5).to(dtype)
+        with torch.inference_mode():
+            got = norm(x)
+        assert got.dtype == dtype and torch.equal(got, expected)
 
 
 def test_rope_by_one_roll_is_rotate_half():

@@ -51,12 +51,17 @@ class GroupedDynamicConv(nn.Module):
         return (base + dynamic).flatten(-2)                                                  # by broadcasting
 
     def apply_side(self, x: torch.Tensor, coeffs: torch.Tensor, side: int) -> torch.Tensor:
-        """Causal within each block: x [b, n, B, H], coeffs [b, n, B, 2, K, H]."""
+        """Causal within each block: x [b, n, B, H], coeffs [b, n, B, 2, K, H]. Without gradients a
+        tap's terms are added in place to the positions t >= tap only: those before take c * 0,
+        which changes nothing but the sign of a zero (no padded copy of x)."""
         out = coeffs[..., side, 0, :] * x
         block = x.shape[-2]
         for tap in range(1, self.kernel_size):
-            shifted = F.pad(x, (0, 0, tap, 0))[..., :block, :]  # x_{t-tap}, zero before the block start
-            out = out + coeffs[..., side, tap, :] * shifted
+            if torch.is_grad_enabled():
+                shifted = F.pad(x, (0, 0, tap, 0))[..., :block, :]  # x_{t-tap}, zero before the block start
+                out = out + coeffs[..., side, tap, :] * shifted
+            elif tap < block:
+                out[..., tap:, :] += coeffs[..., tap:, side, tap, :] * x[..., :block - tap, :]
         return out
 
     def prepare(self, x_normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
