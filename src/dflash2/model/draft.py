@@ -133,9 +133,24 @@ class DraftAttention(nn.Module):
         """x [b, Q, H] -> normed, roped q [b, heads, Q, d] and the block's own K, V [b, kv_heads, Q, d]."""
         b, q_len, _ = x.shape
         q, k, v = project(x, self.packed_qkv, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
+        whole = q._base
+        if whole is not None and whole is k._base and whole is v._base and self.q_norm.eps == self.k_norm.eps:
+            return self._joint_qkv(whole.view(b, q_len, -1, self.head_dim), rope)
         k, v = self._rope_kv(k, v, rope)
         q = q.view(b, q_len, self.heads, self.head_dim)
         return apply_rope(self.q_norm(q), *rope).transpose(1, 2), k, v
+
+    def _joint_qkv(self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """qkv [b, Q, heads + 2 kv_heads, d], one packed projection's output -> what `block_qkv` returns,
+        q and k heads normed and roped together: RMSNorm's fp32 steps (normalise, times the weight,
+        round once) on all of them at once, each head with its own norm's weight; the same bits."""
+        rotated = self.heads + self.kv_heads
+        weight = torch.cat([self.q_norm.weight.float().expand(self.heads, -1),
+                            self.k_norm.weight.float().expand(self.kv_heads, -1)])          # [heads + kv, d]
+        qk = (F.rms_norm(qkv[:, :, :rotated].float(), (self.head_dim,), None, self.q_norm.eps) * weight).to(qkv.dtype)
+        qk = apply_rope(qk, *rope).transpose(1, 2)                                            # [b, heads + kv, Q, d]
+        return qk[:, :self.heads], qk[:, self.heads:], qkv[:, :, rotated:].transpose(1, 2)
 
 
 class DraftLayer(nn.Module):
