@@ -162,7 +162,13 @@ from dflash2.decoding.proposers.draft import DraftProposer
 
 def bound_tiny_draft(dtype, draft_vocab_size=None):
     target = tiny_target("llama")
-    draft = tiny_draft(target, draft_vocab_size=draft_vocab_size).to(dtype)
+    draft = tiny_draft(target, draft_vocab_size=draft_vocab_size)
+    with torch.no_grad():   # norms of their own (a fresh draft's are ones: q's and k's alike)
+        generator = torch.Generator().manual_seed(6)
+        for name, param in draft.named_parameters():
+            if "norm" in name:
+                param.copy_(1.0 + 0.3 * torch.randn(param.shape, generator=generator))
+    draft = draft.to(dtype)
     draft.bind_target(target.get_input_embeddings().weight, target.get_output_embeddings().weight)
     return draft
 

@@ -42,7 +42,7 @@ from dflash2.model.config import DFlash2Config
 from dflash2.model.conv import GroupedDynamicConv
 from dflash2.errors import DFlash2Error, require
 from dflash2.files.atomic import atomic_directory, atomic_file, atomic_write
-from dflash2.model.packing import project, repack
+from dflash2.model.packing import project, project_joined, repack
 from dflash2.model.selector import CandidateSelector
 from dflash2.model.swiglu import SwiGLU
 from dflash2.files.weights import require_finite, safetensors_header, save_safetensors
@@ -132,10 +132,11 @@ class DraftAttention(nn.Module):
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [b, Q, H] -> normed, roped q [b, heads, Q, d] and the block's own K, V [b, kv_heads, Q, d]."""
         b, q_len, _ = x.shape
-        q, k, v = project(x, self.packed_qkv, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
-        whole = q._base
-        if whole is not None and whole is k._base and whole is v._base and self.q_norm.eps == self.k_norm.eps:
+        weights = (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
+        whole = project_joined(x, self.packed_qkv, *weights)                 # [b, Q, (heads + 2 kv) d] or None
+        if whole is not None and self.q_norm.eps == self.k_norm.eps:
             return self._joint_qkv(whole.view(b, q_len, -1, self.head_dim), rope)
+        q, k, v = project(x, self.packed_qkv, *weights)
         k, v = self._rope_kv(k, v, rope)
         q = q.view(b, q_len, self.heads, self.head_dim)
         return apply_rope(self.q_norm(q), *rope).transpose(1, 2), k, v

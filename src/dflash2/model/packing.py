@@ -23,6 +23,8 @@ Contract:
   rows would propose alone (tests/test_draft_pass.py; `F.linear` would not). Above `FUSED_ROWS`
   (prefills) every weight runs its own `F.linear` (a concatenated bfloat16 weight rounds its own
   way from about 200 rows).
+- `project_joined(x, pack, *weights)`: the same outputs side by side, [..., sum(out_i)], where the
+  pack serves them from one matmul; else None (the caller then takes `project`'s).
 - `repack(pack, *weights)`: `pack` where it holds these tensors, else a new pack of them (None for
   weights not loaded yet, on the meta device).
 """
@@ -77,14 +79,20 @@ class Packed:
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         """x [..., in] -> each weight's output [..., out_i] (see the contract for the kernel)."""
+        whole = self.joined(x)
+        return [F.linear(x, w) for w in self.weights] if whole is None else list(whole.split(self.sizes, dim=-1))
+
+    def joined(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x [..., in] -> the outputs side by side [..., sum(out_i)], from one matmul; None above
+        `FUSED_ROWS` rows (there each weight runs its own)."""
         rows = x.numel() // x.shape[-1]
         if rows > FUSED_ROWS:
-            return [F.linear(x, w) for w in self.weights]
+            return None
         if _signature(self.weights) != self.signature:
             self._copy()
         if self.projection.packed is not None and rows > PACKED_ROWS:
-            return list(F.linear(x, self.projection.weight).split(self.sizes, dim=-1))
-        return list(self.projection(x).split(self.sizes, dim=-1))
+            return F.linear(x, self.projection.weight)
+        return self.projection(x)
 
 
 def project(x: torch.Tensor, pack: Packed | None, *weights: torch.Tensor) -> list[torch.Tensor]:
@@ -92,6 +100,14 @@ def project(x: torch.Tensor, pack: Packed | None, *weights: torch.Tensor) -> lis
     if pack is not None and not torch.is_grad_enabled() and pack.holds(weights):
         return pack(x)
     return [F.linear(x, w) for w in weights]
+
+
+def project_joined(x: torch.Tensor, pack: Packed | None, *weights: torch.Tensor) -> torch.Tensor | None:
+    """`project`'s outputs side by side [..., sum(out_i)] where the pack serves and computes them in
+    one matmul (`Packed.joined`), else None."""
+    if pack is not None and not torch.is_grad_enabled() and pack.holds(weights):
+        return pack.joined(x)
+    return None
 
 
 def repack(pack: Packed | None, *weights: torch.Tensor) -> Packed | None:
