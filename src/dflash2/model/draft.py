@@ -16,6 +16,11 @@ Contract:
   `mask` [b, 1, n*B, L + n*B] (True = visible) encodes window / causality / block sparsity.
   Returns hidden states after the final norm, [b, n, B, H].
 - `logits(hidden)` applies the target LM head, `output_multiplier` and the optional softcap.
+- `pack()` (the proposer calls it) keeps inference copies of the projections (`model.packing`:
+  q/k/v and gate/up each one matmul, oneDNN-prepacked at bfloat16 on the CPU) that passes without
+  gradients use; parameters, `state_dict()`, training and export see the unpacked module; the
+  `packing` switch off keeps every pass on the modules' own matmuls (tests/test_draft_pass.py
+  compares the two).
 - `save_pretrained` / `from_pretrained` read and write `config.json` + `model.safetensors`
   atomically (into an existing directory only those two files are replaced); DFlash v1
   checkpoints load as drafts without convs and selector. `from_pretrained` checks the weights

@@ -80,7 +80,9 @@ class Packed:
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         """x [..., in] -> each weight's output [..., out_i] (see the contract for the kernel)."""
         whole = self.joined(x)
-        return [F.linear(x, w) for w in self.weights] if whole is None else list(whole.split(self.sizes, dim=-1))
+        if whole is None:
+            return [F.linear(x, w) for w in self.weights]
+        return [whole] if len(self.weights) == 1 else list(whole.split(self.sizes, dim=-1))
 
     def joined(self, x: torch.Tensor) -> torch.Tensor | None:
         """x [..., in] -> the outputs side by side [..., sum(out_i)], from one matmul; None above
