@@ -16,7 +16,8 @@ path selector) per variant:
   one), same weights, the checkpoint's own vocabulary.
 `--clock cpu` (default) times process CPU seconds (one torch thread: the work itself, not the
 waits of a shared host); `--clock wall` wall seconds. Prints for the verify pass and per variant the median ms
-and its ratio to the median plain step; `--profile` adds torch.profiler tables of each variant.
+and its ratio to the median plain step; `--profile` adds torch.profiler tables of each variant and
+its count of operations (top-level, in all, matmuls) per call.
 """
 from __future__ import annotations
 
@@ -152,7 +153,10 @@ def main() -> None:
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 for _ in range(10):
                     fn()
-            print(f"\n## {name}: torch.profiler, 10 calls")
+            events = prof.events()
+            matmuls = sum(e.name in ("aten::mm", "aten::bmm", "mkldnn::_linear_pointwise") for e in events)
+            print(f"\n## {name}: torch.profiler, 10 calls; per call {sum(e.cpu_parent is None for e in events) / 10:.0f} "
+                  f"top-level operations, {len(events) / 10:.0f} in all, {matmuls / 10:.0f} matmuls")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
 
 
