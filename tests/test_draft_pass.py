@@ -1,11 +1,15 @@
 """The draft pass's leaner pieces compute what the plain formulations compute: the path walk over
-all predecessors at once, the convolution's broadcast coefficients and padded shift, RoPE by one
-roll made once per pass for every layer."""
+all predecessors at once, the convolution's broadcast coefficients and shift (padded, and in place
+at inference), RoPE by one roll made once per pass for every layer, RMSNorm without casts at
+inference; and a draft with packed projections (`model.packing`) proposes what its modules propose."""
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 
+from dflash2.decoding.proposers.draft import DraftProposer
 from dflash2.model.conv import GroupedDynamicConv
 from dflash2.model.draft import apply_rope, rope_cos_sin
 from dflash2.model.selector import CandidateSelector
@@ -154,10 +158,6 @@ def test_attention_with_rope_shared_by_the_pass_is_plain_rope_attention():
 
 
 # ---------------------------------------------------------------- packed projections (`model.packing`)
-
-import copy
-
-from dflash2.decoding.proposers.draft import DraftProposer
 
 
 def bound_tiny_draft(dtype, draft_vocab_size=None):
