@@ -1,19 +1,23 @@
 """Paired timing of the draft pass against a plain target step, in one process.
 
 Usage: PYTHONPATH=src python scripts/draft_pass_ab.py [--dtype bfloat16] [--threads 1] [--rounds 40]
-       [--sizes 0,16384,8192] [--before REV] [--draft DIR] [--data DIR ...] [--clock cpu|wall] [--profile]
+       [--sizes 0,16384,8192] [--batch 1] [--before REV] [--draft DIR] [--data DIR ...] [--clock cpu|wall]
+       [--profile]
 
-One target (smollm2) at `--dtype` and the draft in the same dtype, one chat prompt prefilled.
+One target (smollm2) at `--dtype` and the draft in the same dtype, one chat prompt prefilled in
+`--batch` rows (every pass below then runs that many rows).
 Each round runs, interleaved: one plain target step (one token, rolled back), one verify pass of a
 whole block (8 tokens, rolled back) and one draft pass (`DraftProposer.propose`: backbone, LM head,
 path selector) per variant:
 - `V=N`: this checkout's draft with a frequency-ranked draft vocabulary of N tokens (0: the draft's
   own vocabulary), built in memory from `--data` as `python -m dflash2.training.revocab` does;
 - `before`: with `--before REV`, the draft pass of commit REV (its `dflash2` package exported by
-  `git archive` and imported under another name), same weights, full vocabulary.
+  `git archive` and imported under another name; the flat layout before issue 43 or the current
+  one), same weights, the checkpoint's own vocabulary.
 `--clock cpu` (default) times process CPU seconds (one torch thread: the work itself, not the
 waits of a shared host); `--clock wall` wall seconds. Prints for the verify pass and per variant the median ms
-and its ratio to the median plain step; `--profile` adds torch.profiler tables of each variant.
+and its ratio to the median plain step; `--profile` adds torch.profiler tables of each variant and
+its count of operations (top-level, in all, matmuls) per call.
 """
 from __future__ import annotations
 
@@ -57,12 +61,24 @@ def before_package(rev: str, into: Path) -> str:
     return "dflash2_before"
 
 
+def _first_module(package: str, *names: str):
+    """The first of `package.name` that imports (module paths moved between layouts)."""
+    for name in names:
+        try:
+            return importlib.import_module(f"{package}.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{package}.{name}":
+                raise
+    raise ModuleNotFoundError(f"none of {names} in {package}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--sizes", default="0,16384,8192")
+    parser.add_argument("--batch", type=int, default=1, help="rows of the prompt prefilled")
     parser.add_argument("--before", default=None, help="a git revision whose draft pass to time beside")
     parser.add_argument("--draft", default=None, help="draft directory (default: the shipped one)")
     parser.add_argument("--data", action="append", default=None)
@@ -76,7 +92,7 @@ def main() -> None:
     adapter, draft = pipe.decoder.target, pipe.decoder.draft
     embed, head = adapter.model.get_input_embeddings().weight, adapter.model.get_output_embeddings().weight
     ids = encode_prompt(pipe.tokenizer, PROMPT)
-    _, features = adapter.prefill([ids])
+    _, features = adapter.prefill([ids] * args.batch)
     sizes = [int(s) for s in args.sizes.split(",")]
     data = args.data or ["data/regen/smollm2-sharegpt", "data/regen/smollm2-synthetic"]
     sequences, stops = response_sequences(data) if any(sizes) else ([], set())
@@ -89,27 +105,29 @@ def main() -> None:
     if args.before:
         name = before_package(args.before, Path(tempfile.mkdtemp(prefix="draft-before-")))
         old_draft = importlib.import_module(f"{name}.model.draft").DFlash2DraftModel
-        old_proposer = importlib.import_module(f"{name}.decoding.proposer").DraftProposer
-        old_stopwatch = importlib.import_module(f"{name}.decoding.timing").Stopwatch
+        old_proposer = _first_module(name, "decoding.proposers.draft", "decoding.proposer").DraftProposer
+        old_stopwatch = _first_module(name, "decoding.loop.timing", "decoding.timing").Stopwatch
         old = old_draft.from_pretrained(args.draft or shipped_draft_path("smollm2"), dtype=dtype)
         old.bind_target(embed, head)
         variants[f"before ({args.before})"] = old_proposer(old, old_stopwatch(None))
     for proposer in variants.values():
         proposer.add_rows(features, adapter.mask)
-    anchors = torch.tensor([ids[-1]])
+    rows = args.batch
+    anchors = torch.tensor([ids[-1]] * rows)
     start = adapter.next_position.clone()
     block = draft.config.block_size
-    fresh = torch.tensor([[ids[-1]]])
+    fresh = torch.tensor([[ids[-1]]] * rows)
+    none_kept = torch.zeros(rows, dtype=torch.long)
 
     def plain() -> None:   # one plain target step of one token, rolled back (the cache keeps its length)
         adapter.step(fresh)
-        adapter.keep(torch.zeros(1, dtype=torch.long), 1)
+        adapter.keep(none_kept, 1)
 
-    block_ids = torch.tensor([ids[-block:]])
+    block_ids = torch.tensor([ids[-block:]] * rows)
 
     def verify() -> None:   # one verify pass of a whole block (`block` tokens), rolled back
         adapter.verify(block_ids)
-        adapter.keep(torch.zeros(1, dtype=torch.long), block)
+        adapter.keep(none_kept, block)
 
     runs = {"plain step": plain, f"verify {block}": verify,
             **{name: (lambda p=p: p.propose(anchors, start, block, 0.0)) for name, p in variants.items()}}
@@ -123,7 +141,7 @@ def main() -> None:
             fn()
             samples[name].append(clock() - t)
     plain_ms = 1000 * statistics.median(samples["plain step"])
-    print(f"dtype {args.dtype}, {args.threads} thread(s), {args.rounds} rounds, {args.clock} clock; "
+    print(f"dtype {args.dtype}, batch {rows}, {args.threads} thread(s), {args.rounds} rounds, {args.clock} clock; "
           f"plain step median {plain_ms:.2f} ms")
     print("| pass | ms (median) | / plain step |\n|---|---:|---:|")
     for name in [f"verify {block}", *variants]:
@@ -135,7 +153,10 @@ def main() -> None:
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 for _ in range(10):
                     fn()
-            print(f"\n## {name}: torch.profiler, 10 calls")
+            events = prof.events()
+            matmuls = sum(e.name in ("aten::mm", "aten::bmm", "mkldnn::_linear_pointwise") for e in events)
+            print(f"\n## {name}: torch.profiler, 10 calls; per call {sum(e.cpu_parent is None for e in events) / 10:.0f} "
+                  f"top-level operations, {len(events) / 10:.0f} in all, {matmuls / 10:.0f} matmuls")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
 
 

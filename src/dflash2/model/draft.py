@@ -16,6 +16,11 @@ Contract:
   `mask` [b, 1, n*B, L + n*B] (True = visible) encodes window / causality / block sparsity.
   Returns hidden states after the final norm, [b, n, B, H].
 - `logits(hidden)` applies the target LM head, `output_multiplier` and the optional softcap.
+- `pack()` (the proposer calls it) keeps inference copies of the projections (`model.packing`:
+  q/k/v and gate/up each one matmul, oneDNN-prepacked at bfloat16 on the CPU) that passes without
+  gradients use; parameters, `state_dict()`, training and export see the unpacked module; the
+  `packing` switch off keeps every pass on the modules' own matmuls (tests/test_draft_pass.py
+  compares the two).
 - `save_pretrained` / `from_pretrained` read and write `config.json` + `model.safetensors`
   atomically (into an existing directory only those two files are replaced); DFlash v1
   checkpoints load as drafts without convs and selector. `from_pretrained` checks the weights
@@ -42,6 +47,7 @@ from dflash2.model.config import DFlash2Config
 from dflash2.model.conv import GroupedDynamicConv
 from dflash2.errors import DFlash2Error, require
 from dflash2.files.atomic import atomic_directory, atomic_file, atomic_write
+from dflash2.model.packing import project, project_joined, repack
 from dflash2.model.selector import CandidateSelector
 from dflash2.model.swiglu import SwiGLU
 from dflash2.files.weights import require_finite, safetensors_header, save_safetensors
@@ -54,7 +60,10 @@ CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE)  # all that `save_pretrained` wri
 
 
 class RMSNorm(nn.Module):
-    """Qwen3-style RMSNorm, computed in fp32 (tapped features can have norms in the thousands)."""
+    """Qwen3-style RMSNorm, computed in fp32 (tapped features can have norms in the thousands). On
+    the CPU without gradients, x in the weight's dtype goes to `F.rms_norm` as it is: the CPU's
+    rms_norm computes in fp32 and rounds once to x's dtype, the same bits with three operations
+    fewer (tests/test_draft_pass.py)."""
 
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -62,6 +71,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype and x.device.type == "cpu" and not torch.is_grad_enabled():
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(self.weight.dtype)
 
 
@@ -92,12 +103,23 @@ class DraftAttention(nn.Module):
         self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=False)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.packed_qkv = self.packed_kv = self.packed_o = None   # `DFlash2DraftModel.pack`
+
+    def pack(self) -> None:
+        self.packed_qkv = repack(self.packed_qkv, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
+        self.packed_kv = repack(self.packed_kv, self.k_proj.weight, self.v_proj.weight)
+        self.packed_o = repack(self.packed_o, self.o_proj.weight)
 
     def key_value(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """x [b, L, H], rope (cos, sin) of its positions [b, L, 1, d] -> roped K, V [b, kv_heads, L, d]."""
-        b, length, _ = x.shape
-        k = self.k_proj(x).view(b, length, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, length, self.kv_heads, self.head_dim)
+        return self._rope_kv(*project(x, self.packed_kv, self.k_proj.weight, self.v_proj.weight), rope)
+
+    def _rope_kv(self, k: torch.Tensor, v: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [b, L, kv_heads * d] -> normed, roped K and V [b, kv_heads, L, d]."""
+        b, length, _ = k.shape
+        k = k.view(b, length, self.kv_heads, self.head_dim)
+        v = v.view(b, length, self.kv_heads, self.head_dim)
         return apply_rope(self.k_norm(k), *rope).transpose(1, 2), v.transpose(1, 2)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], context: tuple[torch.Tensor, torch.Tensor],
@@ -109,15 +131,32 @@ class DraftAttention(nn.Module):
         k = torch.cat([context[0], k_block], dim=2)
         v = torch.cat([context[1], v_block], dim=2)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.heads * self.head_dim))
+        return project(out.transpose(1, 2).reshape(b, q_len, self.heads * self.head_dim), self.packed_o, self.o_proj.weight)[0]
 
     def block_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [b, Q, H] -> normed, roped q [b, heads, Q, d] and the block's own K, V [b, kv_heads, Q, d]."""
         b, q_len, _ = x.shape
-        q = self.q_proj(x).view(b, q_len, self.heads, self.head_dim)
-        k, v = self.key_value(x, rope)
+        weights = (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
+        whole = project_joined(x, self.packed_qkv, *weights)                 # [b, Q, (heads + 2 kv) d] or None
+        if whole is not None and self.q_norm.eps == self.k_norm.eps:
+            return self._joint_qkv(whole.view(b, q_len, -1, self.head_dim), rope)
+        q, k, v = project(x, self.packed_qkv, *weights)
+        k, v = self._rope_kv(k, v, rope)
+        q = q.view(b, q_len, self.heads, self.head_dim)
         return apply_rope(self.q_norm(q), *rope).transpose(1, 2), k, v
+
+    def _joint_qkv(self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """qkv [b, Q, heads + 2 kv_heads, d], one packed projection's output -> what `block_qkv` returns,
+        q and k heads normed and roped together: RMSNorm's fp32 steps (normalise, times the weight,
+        round once) on all of them at once, each head with its own norm's weight; the same bits."""
+        rotated = self.heads + self.kv_heads
+        weight = torch.cat([self.q_norm.weight.float().expand(self.heads, -1),
+                            self.k_norm.weight.float().expand(self.kv_heads, -1)])          # [heads + kv, d]
+        qk = (F.rms_norm(qkv[:, :, :rotated].float(), (self.head_dim,), None, self.q_norm.eps) * weight).to(qkv.dtype)
+        qk = apply_rope(qk, *rope).transpose(1, 2)                                            # [b, heads + kv, Q, d]
+        return qk[:, :self.heads], qk[:, self.heads:], qkv[:, :, rotated:].transpose(1, 2)
 
 
 class DraftLayer(nn.Module):
@@ -131,6 +170,22 @@ class DraftLayer(nn.Module):
         if config.use_conv:
             self.attention_conv = GroupedDynamicConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)
             self.mlp_conv = GroupedDynamicConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)
+        self.packed_gate_up = self.packed_down = None   # `DFlash2DraftModel.pack`
+
+    def pack(self) -> None:
+        self.self_attn.pack()
+        mlp = self.mlp
+        self.packed_gate_up = repack(self.packed_gate_up, mlp.gate_proj.weight, mlp.up_proj.weight)
+        self.packed_down = repack(self.packed_down, mlp.down_proj.weight)
+        if self.use_conv:
+            self.attention_conv.pack()
+            self.mlp_conv.pack()
+
+    def swiglu(self, m: torch.Tensor) -> torch.Tensor:
+        """`self.mlp(m)` (the same products), gate and up by one packed matmul where packed."""
+        mlp = self.mlp
+        gate, up = project(m, self.packed_gate_up, mlp.gate_proj.weight, mlp.up_proj.weight)
+        return project(F.silu(gate) * up, self.packed_down, mlp.down_proj.weight)[0]
 
     def forward(self, x, rope, context, mask, conv_enabled: bool = True):
         """x [b, n, B, H] (block layout keeps the convolutions block-local); rope (cos, sin) of the
@@ -146,7 +201,7 @@ class DraftLayer(nn.Module):
         m = self.post_attention_layernorm(x)
         if use_conv:
             m, k2 = self.mlp_conv.prepare(m)
-        y = self.mlp(m)
+        y = self.swiglu(m)
         return x + (self.mlp_conv.finish(y, k2) if use_conv else y)
 
 
@@ -172,7 +227,29 @@ class DFlash2DraftModel(nn.Module):
             self.register_buffer("t2d", kept)
         self.register_buffer("draft_head", None, persistent=False)       # [Vd, H] rows of lm_head_weight
         self._borrowed: _Borrowed | None = None
+        self.packed_fc = self.packed_head = None   # `pack`
+        self.packing = True       # analysis switch: False keeps every pass on the modules' own matmuls
         self.conv_enabled = True  # analysis switch: run a DFlash2 draft with its convolutions off
+
+    def pack(self) -> None:
+        """Keep inference copies of the projections (`model.packing`): q/k/v and gate/up each as one
+        matmul, on oneDNN's prepacked layout at bfloat16. Passes without gradients use them (a
+        weight changed in place is copied again before its next use; a weight replaced by another
+        tensor, as `bind_target` replaces the head, runs on the module's own matmul until the next
+        `pack`); the parameters, `state_dict()` and training are untouched. With `packing` off it
+        drops every pack."""
+        if not self.packing:
+            for module in self.modules():
+                for name in [n for n in vars(module) if n.startswith("packed_")]:
+                    setattr(module, name, None)
+            return
+        for layer in self.layers:
+            layer.pack()
+        self.packed_fc = repack(self.packed_fc, self.fc.weight)
+        head = self.head_weight
+        self.packed_head = None if head is None else repack(self.packed_head, head)
+        if self.selector is not None:
+            self.selector.pack()
 
     @property
     def selector(self) -> CandidateSelector | None:
@@ -250,7 +327,7 @@ class DFlash2DraftModel(nn.Module):
 
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """features [b, L, n_taps*H_t], positions [b, L] -> per layer (K, V) [b, kv, L, d]."""
-        ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        ctx = self.hidden_norm(project(features.to(self.fc.weight.dtype), self.packed_fc, self.fc.weight)[0])
         rope = self.rope(positions, ctx.dtype)
         return [layer.self_attn.key_value(ctx, rope) for layer in self.layers]
 
@@ -273,7 +350,7 @@ class DFlash2DraftModel(nn.Module):
         # 2-D input: F.linear on [..., T, H] with a broadcast weight falls into a much slower
         # batched matmul on CPU (docs/cycle-cost.md, components on a CPU).
         flat = hidden.reshape(-1, hidden.shape[-1])
-        logits = F.linear(flat, self.head_weight.to(hidden.dtype)).float().view(*hidden.shape[:-1], -1)
+        logits = project(flat, self.packed_head, self.head_weight.to(hidden.dtype))[0].float().view(*hidden.shape[:-1], -1)
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping

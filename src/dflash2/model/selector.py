@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dflash2.model.packing import project, repack
+
 from dflash2.runtime.rng import sample_from
 
 
@@ -44,7 +46,11 @@ class CandidateSelector(nn.Module):
         self.predecessor_codebook = nn.Parameter(torch.empty(vocab_size, rank))
         self.successor_codebook = nn.Parameter(torch.empty(vocab_size, rank))
         self.hidden_projection = nn.Linear(hidden_size, rank, bias=False)
+        self.packed_gate = None   # `pack`: an inference copy of hidden_projection (`model.packing`)
         self.reset_parameters()
+
+    def pack(self) -> None:
+        self.packed_gate = repack(self.packed_gate, self.hidden_projection.weight)
 
     def reset_parameters(self) -> None:
         if self.predecessor_codebook.is_meta:  # built to be loaded: random init on meta imports torch._dynamo (1 s)
@@ -60,7 +66,7 @@ class CandidateSelector(nn.Module):
         hidden [..., H], predecessor_ids [..., P], candidate_ids / candidate_logits [..., K]
         -> scores [..., P, K] (fp32).
         """
-        gate = self.hidden_projection(hidden).float()                       # [..., r]
+        gate = project(hidden, self.packed_gate, self.hidden_projection.weight)[0].float()                       # [..., r]
         pred = self.predecessor_codebook[predecessor_ids].float() * gate.unsqueeze(-2)  # [..., P, r]
         succ = self.successor_codebook[candidate_ids].float()               # [..., K, r]
         return candidate_logits.float().unsqueeze(-2) + pred @ succ.transpose(-1, -2)

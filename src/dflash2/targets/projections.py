@@ -77,9 +77,11 @@ class Projection:
         self.weight: torch.Tensor | None = None       # [sum(out), in]
         self.packed: torch.Tensor | None = None       # oneDNN's layout of `weight`
 
-    def refresh(self, form: str = "packed") -> None:
+    def refresh(self, form: str = "packed", share: bool = True) -> None:
         """Concatenate the parts' weights, make each part's parameter a view of its rows, and keep
-        the weight in `form` (`FORMATS`) besides: prepacked, or quantized."""
+        the weight in `form` (`FORMATS`) besides: prepacked, or quantized. `share=False` leaves the
+        parts' parameters as they are and keeps a copy instead (modules that train: their
+        optimisers hold those parameters)."""
         self.packed = self.quantized = None
         if any(p.weight.is_meta for p in self.parts):
             self.weight = None                          # built on the meta device: weights come later
@@ -88,6 +90,7 @@ class Projection:
             weight = self.parts[0].weight.detach()
         else:
             weight = torch.cat([p.weight.detach() for p in self.parts])
+        if share and len(self.parts) > 1:
             start = 0
             for part in self.parts:
                 rows = part.out_features

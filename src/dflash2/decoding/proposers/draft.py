@@ -1,7 +1,8 @@
 """Draft side of a decoding cycle: the draft's context cache and one block proposal (docs/spec.md §3 step 1).
 
 Contract:
-- `DraftProposer(draft)` holds, per draft layer, the K/V of the target features committed so far
+- `DraftProposer(draft)` packs the draft's projections for inference (`DFlash2DraftModel.pack`:
+  the same tokens; at bfloat16 up to 32 rows the same bits) and holds, per draft layer, the K/V of the target features committed so far
   (left-padded like the target cache) plus their positions and validity mask.
 - `add_rows(features, mask)` adds the context of newly prefilled rows (the first call starts the
   batch; later rows are merged in, left-padded like the target cache, and come last);
@@ -72,6 +73,7 @@ class DraftProposer:
         self.positions: torch.Tensor | None = None   # [b, S]
         self.valid: torch.Tensor | None = None       # [b, S] bool
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []   # deferred uniform appends
+        draft.pack()   # inference copies of the projections (`DFlash2DraftModel.pack`)
 
     def add_rows(self, features: torch.Tensor, mask: torch.Tensor, following: torch.Tensor | None = None) -> None:
         """features [n, L, F] from a prefill, mask [n, L] (1 = real token); `following` (the committed
