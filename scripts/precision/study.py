@@ -2,7 +2,7 @@
 
     python scripts/precision/study.py mismatch --out runs/precision/mismatch.json [--max-new-tokens 128]
     python scripts/precision/study.py bound    --out runs/precision/bound.json
-    python scripts/precision/study.py cost     --out runs/precision/cost.json [--repeats 15]
+    python scripts/precision/study.py cost     --out runs/precision/cost.json [--repeats 15] [--batch 1,8]
 
 `mismatch`: the 24 prompts of scripts/precision/prompts (six kinds, four each), T=0, batch 1, the
 default target in --dtype (default bfloat16): plain decoding and the speculative decoders (hybrid,
@@ -14,9 +14,11 @@ every mismatch classified by eval.audit (float32 target margin at the first dive
 float32 target's top two tokens at every position of the plain outputs: one-token steps and 8-token
 verify passes, teacher-forced, in --dtype with the model's head and with float32 logits; the
 quantiles and the largest.
-`cost`: median, over paired interleaved repeats in one process, of a plain step (q=1) and an
-8-token verify pass at a ~300-token context, for each numerics and for a float32 head over the whole
-vocabulary (a float32 copy of the weight: the alternative not shipped).
+`cost`: median, over paired interleaved repeats in one process (CPU clock), of a plain step (q=1)
+and an 8-token verify pass at a ~300-token context (rows 10 tokens apart at --batch above 1), for
+each numerics and for a float32 head over the whole vocabulary (a float32 copy of the weight: the
+alternative not shipped); `exact_verify_paired_ratio`: `exact` against `float32` (what
+--exact-verify adds).
 """
 from __future__ import annotations
 
@@ -143,29 +145,34 @@ def cost(args) -> dict:
     pipe = load_decoder("smollm2", dtype=args.dtype, no_draft=True)
     target = pipe.decoder.target
     weight32 = target.model.get_output_embeddings().weight.float()
-    ids = prompts(pipe.tokenizer)["document"][0]
-    ids = (ids * 4)[:300]
+    pool = [p for group in prompts(pipe.tokenizer).values() for p in group]
     arms = {"model": "model", "float32_refined": "float32", "exact": "exact", "float32_full_head": "model"}
-    times = {f"{arm}/{q}": [] for arm in arms for q in (1, 8)}
+    batches = [int(b) for b in args.batch.split(",")]
+    times = {f"{arm}/b{b}/q{q}": [] for arm in arms for b in batches for q in (1, 8)}
     head = target.model.get_output_embeddings()
-    target.prefill([ids])
-    for _ in range(args.repeats):
-        for arm, numerics in arms.items():
-            set_numerics(target, numerics)
-            if arm == "float32_full_head":
-                head.forward = lambda x: F.linear(x.float(), weight32)
-            for q in (1, 8):
-                start = time.perf_counter()
-                target.step(torch.tensor([list(range(1000, 1000 + q))]))
-                times[f"{arm}/{q}"].append(time.perf_counter() - start)
-                target.keep(torch.zeros(1, dtype=torch.long), q)      # dropped: the context stays the same
-            if arm == "float32_full_head":
-                del head.forward
-    medians = {k: 1000 * statistics.median(v) for k, v in times.items()}
-    paired = {f"{arm}/{q}": statistics.median([x / y for x, y in zip(times[f"{arm}/{q}"], times[f"model/{q}"])])
-              for arm in arms for q in (1, 8)}
-    return {"dtype": pipe.precision.name, "threads": args.threads, "context": len(ids), "repeats": args.repeats,
-            "median_ms": medians, "paired_ratio_to_model_head": paired}
+    for b in batches:   # rows of ~300 tokens, 10 apart: left padding as in a real batch
+        target.prefill([(pool[i] * 4)[:300 - 10 * i] for i in range(b)])
+        for _ in range(args.repeats):
+            for arm, numerics in arms.items():
+                set_numerics(target, numerics)
+                if arm == "float32_full_head":
+                    head.forward = lambda x: F.linear(x.float(), weight32)
+                for q in (1, 8):
+                    start = time.process_time()      # CPU clock: the host is shared
+                    target.step(torch.tensor([list(range(1000, 1000 + q))] * b))
+                    times[f"{arm}/b{b}/q{q}"].append(time.process_time() - start)
+                    target.keep(torch.zeros(b, dtype=torch.long), q)      # dropped: the context stays the same
+                if arm == "float32_full_head":
+                    del head.forward
+        target.reset()
+
+    def paired(arm, base, key):
+        return statistics.median([x / y for x, y in zip(times[f"{arm}/{key}"], times[f"{base}/{key}"])])
+    keys = [f"b{b}/q{q}" for b in batches for q in (1, 8)]
+    return {"dtype": pipe.precision.name, "threads": args.threads, "context": 300, "repeats": args.repeats,
+            "clock": "process CPU time", "median_ms": {k: 1000 * statistics.median(v) for k, v in times.items()},
+            "paired_ratio_to_model_head": {f"{arm}/{k}": paired(arm, "model", k) for arm in arms for k in keys},
+            "exact_verify_paired_ratio": {k: paired("exact", "float32_refined", k) for k in keys}}
 
 
 def main() -> None:
@@ -176,6 +183,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch", default="1", help="cost: the batch sizes, comma-separated (e.g. 1,8)")
     parser.add_argument("--numerics", default="model,float32",
                         help="mismatch: the numerics to compare (of model, float32, exact; exact is compared with float32's plain decoding)")
     parser.add_argument("--per-kind", type=int, default=4, help="prompts of each kind (a quick check: 1)")

@@ -230,17 +230,19 @@ class TargetAdapter:
         if self.recurrent and q > 1:  # capture each position's recurrent state for `keep`
             with capturing():
                 return self._forward(ids, positions)
-        with self._exactly():
+        with self._exactly(ids.numel()):
             return self._forward(ids, positions)
 
-    def _exactly(self):
-        """With `exact_verify`, the context of a decoding pass: attention query by query, products of
-        at most `exact_attention.CHUNK_ROWS` rows."""
+    def _exactly(self, rows: int):
+        """With `exact_verify`, the context of a decoding pass of `rows` tokens: `exact_attention`'s
+        attention, products of at most `exact_attention.CHUNK_ROWS` rows (every product of a pass
+        has at most `rows` rows: a narrower pass needs no chunking)."""
         if not self.exact_verify:
             return contextlib.nullcontext()
         both = contextlib.ExitStack()
-        both.enter_context(exact_attention.per_query())
-        both.enter_context(exact_attention.chunked_rows(self.model))
+        both.enter_context(exact_attention.exact())
+        if rows > exact_attention.CHUNK_ROWS:
+            both.enter_context(exact_attention.chunked_rows(self.model))
         return both
 
     def verify(self, ids: torch.Tensor, tree=None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -265,7 +267,7 @@ class TargetAdapter:
         bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         bias = bias.masked_fill(~allowed, torch.finfo(self.dtype).min)                 # additive: eager and sdpa alike
         self.mask = F.pad(self.mask, (0, q), value=1)
-        with self._exactly():
+        with self._exactly(ids.numel()):
             return self._forward(ids, positions, attention_mask=bias)
 
     # ------------------------------------------------------------------ cache bookkeeping
