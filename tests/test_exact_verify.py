@@ -73,7 +73,7 @@ def _pass_and_alone(groups: int, context: int, attention=attend) -> tuple[int, i
 
 
 @pytest.mark.parametrize("groups", [1, 3, 4])
-@pytest.mark.parametrize("context", [60, 1020])       # counts cross 64 and 1024 (two key blocks of the kernel)
+@pytest.mark.parametrize("context", [60, 100, 1020])   # counts cross 64; rows 0 and 1 of one width; two key blocks
 def test_each_query_of_a_pass_gets_its_one_token_steps_bits(groups, context):
     assert _pass_and_alone(groups, context) == (0, 24)
     assert attention_invariant(2, groups, 64, torch.bfloat16, "cpu") == (True, "")
