@@ -8,8 +8,9 @@
 default target in --dtype (default bfloat16): plain decoding and the speculative decoders (hybrid,
 the draft alone) under three numerics: `model` (the LM head at the model's precision: before
 issue 44), `float32` (decoding.verifier.full_logits, the default now) and `exact` (float32 logits and
---exact-verify). Each speculative output is compared with plain decoding under the same numerics and
-every mismatch classified by eval.audit (float32 target margin at the first divergence).
+--exact-verify, whose plain decoding runs its attention too). Each speculative output is compared
+with plain decoding under the same numerics and every mismatch classified by eval.audit (float32
+target margin at the first divergence).
 `bound`: how far a decoding's difference of two logits strays from the float32 target's, for the
 float32 target's top two tokens at every position of the plain outputs: one-token steps and 8-token
 verify passes, teacher-forced, in --dtype with the model's head and with float32 logits; the
@@ -71,15 +72,10 @@ def mismatch(args) -> dict:
     out = {"dtype": pipe.precision.name, "max_new_tokens": args.max_new_tokens, "arms": {}}
     outputs: dict[str, dict] = {}
     arms = [n for n in NUMERICS if n in args.numerics.split(",")]
-    runs = [n for n in NUMERICS if n in arms or (n == "float32" and "exact" in arms)]   # exact's base: float32 plain
-    for numerics in runs:
+    for numerics in arms:
         set_numerics(target, numerics)
         for name in ["plain", *decoders]:
             decoder = plain if name == "plain" else decoders[name]
-            if name == "plain" and numerics == "exact":
-                continue   # at batch 1 a one-token step is the same computation with or without --exact-verify
-            if name != "plain" and numerics not in arms:
-                continue
             tokens, seconds, produced = {}, 0.0, 0
             for kind, ids in sets.items():
                 for i, prompt in enumerate(ids):
@@ -92,7 +88,7 @@ def mismatch(args) -> dict:
             print(f"# {numerics}/{name}: {produced / seconds:.1f} tok/s", file=sys.stderr, flush=True)
             out["arms"][f"{numerics}/{name}"] = {"tokens_per_second": produced / seconds}
     for numerics in arms:
-        base = outputs["float32/plain" if numerics == "exact" else f"{numerics}/plain"]
+        base = outputs[f"{numerics}/plain"]   # exact: plain decoding under --exact-verify (its own attention)
         for name in decoders:
             arm = f"{numerics}/{name}"
             pairs = [(sets[key.split("/")[0]][int(key.split("/")[1])], base[key], outputs[arm][key]) for key in base]
@@ -185,7 +181,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", default="1", help="cost: the batch sizes, comma-separated (e.g. 1,8)")
     parser.add_argument("--numerics", default="model,float32",
-                        help="mismatch: the numerics to compare (of model, float32, exact; exact is compared with float32's plain decoding)")
+                        help="mismatch: the numerics to compare (of model, float32, exact), each against plain decoding under it")
     parser.add_argument("--per-kind", type=int, default=4, help="prompts of each kind (a quick check: 1)")
     args = parser.parse_args()
     PER_KIND[0] = args.per_kind

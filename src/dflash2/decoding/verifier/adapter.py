@@ -38,11 +38,11 @@ Contract:
   batch is one session's at a time (decoders over one adapter share it); another session's claim
   is refused while the holder still has rows, and `reset()` frees it.
 - `features(input_ids, attention_mask)` is the cache-free pass used by training.
-- `exact_verify=True` (`--exact-verify`, `decoding.verifier.exact`): every step and tree pass
-  computes attention query by query as a one-token step does, and its products in chunks of at
-  most 32 rows (`targets.exact_attention`), so
-  where the device's products are batch-invariant a verify pass gives each position the bits a
-  plain step gives it, and greedy output equals plain decoding's at any precision.
+- `exact_verify=True` (`--exact-verify`, `decoding.verifier.exact`): every step and tree pass, one-
+  token steps included, computes attention by `targets.exact_attention.attend` (each query as its
+  one-token step computes it) and its products in chunks of at most 32 rows, so where the device's
+  products are batch-invariant a verify pass gives each position the bits a plain step gives it,
+  and greedy output equals plain decoding's (under the same option) at any precision.
 """
 from __future__ import annotations
 
