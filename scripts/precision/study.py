@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from dflash2.data.prompts import load_conversations
 from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.eval.audit import Reference, audit
 from dflash2.pipeline import load_decoder
 from dflash2.targets.builtin import load_target_model
@@ -140,6 +141,7 @@ def cost(args) -> dict:
     torch.set_num_threads(args.threads)
     pipe = load_decoder("smollm2", dtype=args.dtype, no_draft=True)
     target = pipe.decoder.target
+    exact_target = TargetAdapter(target.model, exact_verify=True)   # its own cache (float32 keys and values)
     weight32 = target.model.get_output_embeddings().weight.float()
     pool = [p for group in prompts(pipe.tokenizer).values() for p in group]
     arms = {"model": "model", "float32_refined": "float32", "exact": "exact", "float32_full_head": "model"}
@@ -147,20 +149,23 @@ def cost(args) -> dict:
     times = {f"{arm}/b{b}/q{q}": [] for arm in arms for b in batches for q in (1, 8)}
     head = target.model.get_output_embeddings()
     for b in batches:   # rows of ~300 tokens, 10 apart: left padding as in a real batch
-        target.prefill([(pool[i] * 4)[:300 - 10 * i] for i in range(b)])
+        for adapter in (target, exact_target):
+            adapter.prefill([(pool[i] * 4)[:300 - 10 * i] for i in range(b)])
         for _ in range(args.repeats):
             for arm, numerics in arms.items():
-                set_numerics(target, numerics)
+                adapter = exact_target if numerics == "exact" else target
+                set_numerics(adapter, numerics)
                 if arm == "float32_full_head":
                     head.forward = lambda x: F.linear(x.float(), weight32)
                 for q in (1, 8):
                     start = time.process_time()      # CPU clock: the host is shared
-                    target.step(torch.tensor([list(range(1000, 1000 + q))] * b))
+                    adapter.step(torch.tensor([list(range(1000, 1000 + q))] * b))
                     times[f"{arm}/b{b}/q{q}"].append(time.process_time() - start)
-                    target.keep(torch.zeros(b, dtype=torch.long), q)      # dropped: the context stays the same
+                    adapter.keep(torch.zeros(b, dtype=torch.long), q)      # dropped: the context stays the same
                 if arm == "float32_full_head":
                     del head.forward
-        target.reset()
+        for adapter in (target, exact_target):
+            adapter.reset()
 
     def paired(arm, base, key):
         return statistics.median([x / y for x, y in zip(times[f"{arm}/{key}"], times[f"{base}/{key}"])])

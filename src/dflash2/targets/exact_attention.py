@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -132,8 +133,34 @@ def _plan(mask: torch.Tensor | None, b: int, length: int, slots: int, groups: in
     return calls
 
 
+_FINITE_ROOM: dict[int, weakref.ref] = {}      # storage address -> the buffer that owns it
+
+
+def mark_finite_room(buffer: torch.Tensor) -> None:
+    """Declare that `buffer`'s storage holds finite values only (keys, values or zeros), so `attend`
+    may read past a view's end as masked slots while the buffer lives."""
+    for address in [a for a, ref in _FINITE_ROOM.items() if ref() is None]:
+        del _FINITE_ROOM[address]
+    _FINITE_ROOM[buffer.untyped_storage().data_ptr()] = weakref.ref(buffer)
+
+
+def has_finite_room(tensor: torch.Tensor) -> bool:
+    ref = _FINITE_ROOM.get(tensor.untyped_storage().data_ptr())
+    owner = None if ref is None else ref()
+    return owner is not None and owner.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
+
+
 def _keys(k: torch.Tensor, call: _Call, zeros: torch.Tensor) -> torch.Tensor:
-    """k [b, kv_heads, S, d] -> the call's window [1, kv_heads, width, d] in float32 (exactly)."""
+    """k [b, kv_heads, S, d] -> the call's window [1, kv_heads, width, d] in float32 (exactly): a
+    view where k is a float32 view of a buffer with finite room after it (`kvcache.SlotLayer`),
+    else a copy."""
+    if isinstance(call.run, slice) and k.dtype == torch.float32 and has_finite_room(k):
+        kv_heads, _, d = k.shape[1:]
+        start = k.storage_offset() + call.row * k.stride(0) + call.run.start * k.stride(2)
+        width = call.run.stop - call.run.start + call.pad
+        last = start + (kv_heads - 1) * k.stride(1) + (width - 1) * k.stride(2) + (d - 1) * k.stride(3)
+        if last < k.untyped_storage().nbytes() // k.element_size():   # past a head's room: the next head's keys
+            return k.as_strided((1, kv_heads, width, d), (0, k.stride(1), k.stride(2), k.stride(3)), start)
     seen = k[call.row, :, call.run] if isinstance(call.run, slice) else k[call.row].index_select(1, call.run)
     window = torch.cat([seen, zeros[:, :call.pad]], dim=1) if call.pad else seen.float()   # cat: float32
     return window[None]
@@ -234,8 +261,9 @@ def attention_invariant(kv_heads: int, groups: int, head_dim: int, dtype: torch.
                         contexts: tuple[int, ...] = (40, 600)) -> tuple[bool, str]:
     """Probe `attend` on this device (random data of the target's head shape, see the contract):
     every query of a pass (blocks of verify tokens of several lengths whose key counts cross a
-    width, up to more queries than one call takes; a second row with left padding and a hole)
-    gets the bits of the one-token step that computes it alone over its own keys."""
+    width, up to more queries than one call takes; a second row with left padding and a hole; keys
+    read in place from a buffer with room) gets the bits of the one-token step that computes it
+    alone over its own keys (copied windows)."""
     generator = torch.Generator(device="cpu").manual_seed(0)
 
     def rand(*shape):   # values of `dtype`, held in float32: `attend`'s result is compared before rounding
@@ -245,7 +273,11 @@ def attention_invariant(kv_heads: int, groups: int, head_dim: int, dtype: torch.
             for length in sorted({2, 3, 5, 8, CALL_ROWS // groups + 3}):
                 slots = context + length
                 q = rand(2, kv_heads * groups, length, head_dim)
-                k, v = rand(2, kv_heads, slots, head_dim), rand(2, kv_heads, slots, head_dim)
+                # the pass reads keys and values as a cache holds them: views of buffers with room after them
+                buffers = torch.zeros(2, 2, kv_heads, slots + WIDTH, head_dim, device=device)
+                buffers[:, :, :, :slots] = rand(2, 2, kv_heads, slots, head_dim)
+                mark_finite_room(buffers)
+                k, v = buffers[0, :, :, :slots], buffers[1, :, :, :slots]
                 allowed = (torch.arange(slots)[None, :] <= torch.arange(context, slots)[:, None]).repeat(2, 1, 1)   # [2, L, S]
                 allowed[1, :, :5] = allowed[1, :, 7] = False                   # row 1: left padding and a hole
                 allowed = allowed.to(device)

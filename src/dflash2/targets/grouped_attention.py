@@ -45,12 +45,21 @@ def fold_queries(mask: torch.Tensor | None, length: int, groups: int) -> tuple[b
     return fold, mask
 
 
+def like_queries(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v in q's dtype: `--exact-verify`'s float32 cache read by a pass outside exact mode (its
+    prefill) goes back to the model's dtype, exactly (the cache holds that dtype's values)."""
+    if k.dtype == q.dtype:
+        return k, v
+    return k.to(q.dtype), v.to(q.dtype)
+
+
 def folded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                      scale: float | None) -> torch.Tensor:
     """Attention of q [b, heads, L, d] over k, v [b, kv_heads, S, d] -> [b, heads, L, d]."""
     b, heads, length, d = q.shape
     if exact_attention.active():      # --exact-verify: one-token steps and verify passes alike
         return exact_attention.attend(q, k, v, mask, scale)
+    k, v = like_queries(q, k, v)
     kv_heads = k.shape[1]
     # [b, heads, L, d] -> [b, kv_heads, groups * L, d]: head (kv * groups + g)'s query l becomes
     # query g * L + l of KV head kv
@@ -71,6 +80,7 @@ def _transformers_kernel(module, query, key, value, attention_mask, dropout: flo
     if plain and exact_attention.active():      # --exact-verify: each query as in a one-token step
         fold, mask = True, attention_mask
     if not fold:
+        key, value = like_queries(query, key, value)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     out = folded_attention(query, key, value, mask, scaling)                   # [b, heads, L, d]

@@ -182,7 +182,8 @@ class TargetAdapter:
         self.recurrent = recurrent.adopt(self.cache)
         self.holes = all(type(layer) is DynamicLayer for layer in self._attention_layers())
         if self.holes:
-            self.cache.layers = [SlotLayer() if type(layer) is DynamicLayer else layer for layer in self.cache.layers]
+            storage = torch.float32 if self.exact_verify else None      # exact_attention attends in float32
+            self.cache.layers = [SlotLayer(storage) if type(layer) is DynamicLayer else layer for layer in self.cache.layers]
         self.mask = mask
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         self.next_position = mask.sum(-1)
