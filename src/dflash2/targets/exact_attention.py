@@ -22,7 +22,12 @@ Contract:
   step; bfloat16 attention is out because oneDNN's bfloat16 products (the kernel's) round a row
   otherwise as the row count changes. Plain decoding under `exact()` therefore differs from plain
   decoding without it (another attention arithmetic, the same precision): speculative output
-  equals the former. A pass's calls are planned once from its mask and reused by every layer.
+  equals the former. A pass's calls are planned once from its mask and reused by every layer. A
+  window is a view where k and v are float32 views of a buffer registered by `mark_finite_room`
+  (the cache's: `kvcache.SlotLayer`, whose room past the filled part holds zeros or cropped keys),
+  read past their end as masked slots; else a copy.
+- `mark_finite_room(buffer)` / `has_finite_room(tensor)`: the registry of such buffers (by
+  storage, while the buffer lives).
 - `batch_invariant(shapes, dtype, device)` -> (bool, what failed): whether this device's matrix
   products of the given (out, in) shapes give each row the same bits alone as among 2..CHUNK_ROWS
   rows (the other half of an exact verify pass: its linear layers see q rows per sequence where
