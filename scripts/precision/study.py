@@ -96,7 +96,7 @@ def mismatch(args) -> dict:
             found = audit(pairs, lambda: reference, out["dtype"])
             out["arms"][arm]["audit"] = found.to_dict()
             print(f"# {arm}: {found.line()}", file=sys.stderr, flush=True)
-    if {"model", "float32"} <= set(runs):
+    if {"model", "float32"} <= set(arms):
         out["plain_changed_by_float32_logits"] = sum(outputs["model/plain"][k] != outputs["float32/plain"][k]
                                                      for k in outputs["model/plain"])
     return out
