@@ -12,7 +12,8 @@ from dflash2.decoding.verifier.exact import check_plan, linear_shapes
 from dflash2.errors import DFlash2Error
 from dflash2.pipeline import load_decoder
 from dflash2.targets.chat import encode_prompt
-from dflash2.targets.exact_attention import attend_per_query, batch_invariant
+from dflash2.targets import exact_attention
+from dflash2.targets.exact_attention import attend, attention_invariant, batch_invariant
 
 PROMPTS = ["Translate into French: the cat sleeps on the warm windowsill.",
            "A shop sells pencils at 3 for 1.20 dollars. How much do 20 pencils cost?",
@@ -42,8 +43,55 @@ def test_query_by_query_attention_is_attention(heads, kv_heads):
     tree[:, 2, slots - length + 1] = False                        # node 2 does not see node 1 (a sibling)
     for allowed, mask in ((causal[None].expand(b, -1, -1), None), (padded, padded[:, None]), (holes, holes[:, None]),
                           (tree, torch.zeros(tree.shape).masked_fill(~tree, torch.finfo(torch.float32).min)[:, None])):
-        out = attend_per_query(q, k, v, mask, d ** -0.5)
+        out = attend(q, k, v, mask, d ** -0.5)
         assert torch.allclose(out, _reference(q, k, v, allowed, d ** -0.5), atol=1e-5)
+
+
+def _pass_and_alone(groups: int, context: int, attention=attend) -> tuple[int, int]:
+    """A pass of 8 queries per row (key counts crossing a width; row 1 left-padded with a
+    hole; row 2 a token tree) through `attention`, against each query's one-token step through
+    `attend` over its own keys: (queries that differ, queries)."""
+    torch.manual_seed(0)
+    b, length, d, kv = 3, 8, 64, 2
+    slots = context + length
+    # bfloat16 values held in float32: `attend` computes in float32, compared here before its rounding
+    q = torch.randn(b, kv * groups, length, d).bfloat16().float()
+    k, v = torch.randn(b, kv, slots, d).bfloat16().float(), torch.randn(b, kv, slots, d).bfloat16().float()
+    allowed = (torch.arange(slots)[None, :] <= torch.arange(context, slots)[:, None]).repeat(b, 1, 1)   # [b, L, S]
+    allowed[1, :, :9] = allowed[1, :, 12] = False                 # row 1: left padding and a rejected slot
+    allowed[2, 3:, context + 1:context + 3] = False               # row 2: nodes 3.. branch off after node 0
+    with exact_attention.exact():
+        together = attention(q, k, v, allowed[:, None], d ** -0.5)
+    differ = 0
+    for r in range(b):
+        for l in range(length):
+            seen = allowed[r, l].nonzero().squeeze(-1)
+            with exact_attention.exact():
+                alone = attend(q[r:r + 1, :, l:l + 1], k[r:r + 1, :, seen], v[r:r + 1, :, seen], None, d ** -0.5)
+            differ += not torch.equal(together[r:r + 1, :, l:l + 1], alone)
+    return differ, b * length
+
+
+@pytest.mark.parametrize("groups", [1, 3, 4])
+@pytest.mark.parametrize("context", [60, 100, 1020])   # counts cross 64; rows 0 and 1 of one width; two key blocks
+def test_each_query_of_a_pass_gets_its_one_token_steps_bits(groups, context):
+    assert _pass_and_alone(groups, context) == (0, 24)
+    assert attention_invariant(2, groups, 64, torch.bfloat16, "cpu") == (True, "")
+
+
+@pytest.mark.parametrize("rule, broken, groups", [
+    ("bucket", lambda n: n, 3),        # windows of the keys a pass holds: no multiple of WIDTH
+    ("MIN_ROWS", 1, 1),                # one-row calls (a tree's nodes, one query head per KV head)
+])
+def test_a_pass_that_breaks_a_rule_of_attend_is_caught(monkeypatch, rule, broken, groups):
+    """The check above fails when a pass computes otherwise than `attend`'s one-token steps."""
+    def pass_breaking_it(q, k, v, mask, scale):
+        with monkeypatch.context() as patch:
+            patch.setattr(exact_attention, rule, broken)
+            with exact_attention.exact():         # its own plans
+                return attend(q, k, v, mask, scale)
+    differ, _ = _pass_and_alone(groups, 60, attention=pass_breaking_it)
+    assert differ >= 8
 
 
 def test_recurrent_targets_and_products_that_are_not_batch_invariant_are_refused():
@@ -84,6 +132,17 @@ def test_bfloat16_greedy_output_is_plain_decodings_token_for_token(exact_bf16, b
             assert [r.tokens for r in ours] == [r.tokens for r in plain.generate(chunk, config)], proposer
             cycles += sum(r.stats.cycles for r in ours)
         assert cycles > 0, proposer       # verify passes ran (a prompt may offer lookup nothing)
+
+
+def test_an_attention_kernel_that_is_not_query_invariant_is_refused(monkeypatch):
+    plain = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                        vocab_size=128, num_hidden_layers=2)
+    monkeypatch.setattr(exact_attention, "batch_invariant", lambda *a, **k: (True, ""))
+    monkeypatch.setattr(exact_attention, "attention_invariant",
+                        lambda *a, **k: (False, "attention over 70 keys gives a query of a 8-token pass other bits"))
+    with pytest.raises(DFlash2Error, match="needs an attention kernel .* on this device \\(cpu\\) attention over 70 keys") as err:
+        check_plan(plain, "cpu", torch.bfloat16)
+    assert "\n" not in str(err.value)
 
 
 def test_the_cli_refuses_exact_verify_where_it_cannot_hold_before_loading(monkeypatch, capsys):

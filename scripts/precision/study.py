@@ -2,21 +2,24 @@
 
     python scripts/precision/study.py mismatch --out runs/precision/mismatch.json [--max-new-tokens 128]
     python scripts/precision/study.py bound    --out runs/precision/bound.json
-    python scripts/precision/study.py cost     --out runs/precision/cost.json [--repeats 15]
+    python scripts/precision/study.py cost     --out runs/precision/cost.json [--repeats 15] [--batch 1,8]
 
 `mismatch`: the 24 prompts of scripts/precision/prompts (six kinds, four each), T=0, batch 1, the
 default target in --dtype (default bfloat16): plain decoding and the speculative decoders (hybrid,
 the draft alone) under three numerics: `model` (the LM head at the model's precision: before
 issue 44), `float32` (decoding.verifier.full_logits, the default now) and `exact` (float32 logits and
---exact-verify). Each speculative output is compared with plain decoding under the same numerics and
-every mismatch classified by eval.audit (float32 target margin at the first divergence).
+--exact-verify, whose plain decoding runs its attention too). Each speculative output is compared
+with plain decoding under the same numerics and every mismatch classified by eval.audit (float32
+target margin at the first divergence).
 `bound`: how far a decoding's difference of two logits strays from the float32 target's, for the
 float32 target's top two tokens at every position of the plain outputs: one-token steps and 8-token
 verify passes, teacher-forced, in --dtype with the model's head and with float32 logits; the
 quantiles and the largest.
-`cost`: median, over paired interleaved repeats in one process, of a plain step (q=1) and an
-8-token verify pass at a ~300-token context, for each numerics and for a float32 head over the whole
-vocabulary (a float32 copy of the weight: the alternative not shipped).
+`cost`: median, over paired interleaved repeats in one process (CPU clock), of a plain step (q=1)
+and an 8-token verify pass at a ~300-token context (rows 10 tokens apart at --batch above 1), for
+each numerics and for a float32 head over the whole vocabulary (a float32 copy of the weight: the
+alternative not shipped); `exact_verify_paired_ratio`: `exact` against `float32` (what
+--exact-verify adds).
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ import torch.nn.functional as F
 
 from dflash2.data.prompts import load_conversations
 from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
+from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.eval.audit import Reference, audit
 from dflash2.pipeline import load_decoder
 from dflash2.targets.builtin import load_target_model
@@ -69,15 +73,10 @@ def mismatch(args) -> dict:
     out = {"dtype": pipe.precision.name, "max_new_tokens": args.max_new_tokens, "arms": {}}
     outputs: dict[str, dict] = {}
     arms = [n for n in NUMERICS if n in args.numerics.split(",")]
-    runs = [n for n in NUMERICS if n in arms or (n == "float32" and "exact" in arms)]   # exact's base: float32 plain
-    for numerics in runs:
+    for numerics in arms:
         set_numerics(target, numerics)
         for name in ["plain", *decoders]:
             decoder = plain if name == "plain" else decoders[name]
-            if name == "plain" and numerics == "exact":
-                continue   # at batch 1 a one-token step is the same computation with or without --exact-verify
-            if name != "plain" and numerics not in arms:
-                continue
             tokens, seconds, produced = {}, 0.0, 0
             for kind, ids in sets.items():
                 for i, prompt in enumerate(ids):
@@ -90,14 +89,14 @@ def mismatch(args) -> dict:
             print(f"# {numerics}/{name}: {produced / seconds:.1f} tok/s", file=sys.stderr, flush=True)
             out["arms"][f"{numerics}/{name}"] = {"tokens_per_second": produced / seconds}
     for numerics in arms:
-        base = outputs["float32/plain" if numerics == "exact" else f"{numerics}/plain"]
+        base = outputs[f"{numerics}/plain"]   # exact: plain decoding under --exact-verify (its own attention)
         for name in decoders:
             arm = f"{numerics}/{name}"
             pairs = [(sets[key.split("/")[0]][int(key.split("/")[1])], base[key], outputs[arm][key]) for key in base]
             found = audit(pairs, lambda: reference, out["dtype"])
             out["arms"][arm]["audit"] = found.to_dict()
             print(f"# {arm}: {found.line()}", file=sys.stderr, flush=True)
-    if {"model", "float32"} <= set(runs):
+    if {"model", "float32"} <= set(arms):
         out["plain_changed_by_float32_logits"] = sum(outputs["model/plain"][k] != outputs["float32/plain"][k]
                                                      for k in outputs["model/plain"])
     return out
@@ -142,30 +141,39 @@ def cost(args) -> dict:
     torch.set_num_threads(args.threads)
     pipe = load_decoder("smollm2", dtype=args.dtype, no_draft=True)
     target = pipe.decoder.target
+    exact_target = TargetAdapter(target.model, exact_verify=True)   # its own cache (float32 keys and values)
     weight32 = target.model.get_output_embeddings().weight.float()
-    ids = prompts(pipe.tokenizer)["document"][0]
-    ids = (ids * 4)[:300]
+    pool = [p for group in prompts(pipe.tokenizer).values() for p in group]
     arms = {"model": "model", "float32_refined": "float32", "exact": "exact", "float32_full_head": "model"}
-    times = {f"{arm}/{q}": [] for arm in arms for q in (1, 8)}
+    batches = [int(b) for b in args.batch.split(",")]
+    times = {f"{arm}/b{b}/q{q}": [] for arm in arms for b in batches for q in (1, 8)}
     head = target.model.get_output_embeddings()
-    target.prefill([ids])
-    for _ in range(args.repeats):
-        for arm, numerics in arms.items():
-            set_numerics(target, numerics)
-            if arm == "float32_full_head":
-                head.forward = lambda x: F.linear(x.float(), weight32)
-            for q in (1, 8):
-                start = time.perf_counter()
-                target.step(torch.tensor([list(range(1000, 1000 + q))]))
-                times[f"{arm}/{q}"].append(time.perf_counter() - start)
-                target.keep(torch.zeros(1, dtype=torch.long), q)      # dropped: the context stays the same
-            if arm == "float32_full_head":
-                del head.forward
-    medians = {k: 1000 * statistics.median(v) for k, v in times.items()}
-    paired = {f"{arm}/{q}": statistics.median([x / y for x, y in zip(times[f"{arm}/{q}"], times[f"model/{q}"])])
-              for arm in arms for q in (1, 8)}
-    return {"dtype": pipe.precision.name, "threads": args.threads, "context": len(ids), "repeats": args.repeats,
-            "median_ms": medians, "paired_ratio_to_model_head": paired}
+    for b in batches:   # rows of ~300 tokens, 10 apart: left padding as in a real batch
+        for adapter in (target, exact_target):
+            adapter.prefill([(pool[i] * 4)[:300 - 10 * i] for i in range(b)])
+        for _ in range(args.repeats):
+            for arm, numerics in arms.items():
+                adapter = exact_target if numerics == "exact" else target
+                set_numerics(adapter, numerics)
+                if arm == "float32_full_head":
+                    head.forward = lambda x: F.linear(x.float(), weight32)
+                for q in (1, 8):
+                    start = time.process_time()      # CPU clock: the host is shared
+                    adapter.step(torch.tensor([list(range(1000, 1000 + q))] * b))
+                    times[f"{arm}/b{b}/q{q}"].append(time.process_time() - start)
+                    adapter.keep(torch.zeros(b, dtype=torch.long), q)      # dropped: the context stays the same
+                if arm == "float32_full_head":
+                    del head.forward
+        for adapter in (target, exact_target):
+            adapter.reset()
+
+    def paired(arm, base, key):
+        return statistics.median([x / y for x, y in zip(times[f"{arm}/{key}"], times[f"{base}/{key}"])])
+    keys = [f"b{b}/q{q}" for b in batches for q in (1, 8)]
+    return {"dtype": pipe.precision.name, "threads": args.threads, "context": 300, "repeats": args.repeats,
+            "clock": "process CPU time", "median_ms": {k: 1000 * statistics.median(v) for k, v in times.items()},
+            "paired_ratio_to_model_head": {f"{arm}/{k}": paired(arm, "model", k) for arm in arms for k in keys},
+            "exact_verify_paired_ratio": {k: paired("exact", "float32_refined", k) for k in keys}}
 
 
 def main() -> None:
@@ -176,8 +184,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch", default="1", help="cost: the batch sizes, comma-separated (e.g. 1,8)")
     parser.add_argument("--numerics", default="model,float32",
-                        help="mismatch: the numerics to compare (of model, float32, exact; exact is compared with float32's plain decoding)")
+                        help="mismatch: the numerics to compare (of model, float32, exact), each against plain decoding under it")
     parser.add_argument("--per-kind", type=int, default=4, help="prompts of each kind (a quick check: 1)")
     args = parser.parse_args()
     PER_KIND[0] = args.per_kind

@@ -177,8 +177,8 @@ def add_device_arguments(parser, exact_verify: bool = True) -> None:
                         "bfloat16, float16")
     if exact_verify:
         parser.add_argument("--exact-verify", action="store_true",
-                            help="verify passes compute each position exactly as a one-token step does (attention "
-                                 "query by query), so greedy output equals plain decoding's at any precision where "
+                            help="verify passes compute each position exactly as a one-token step does (windowed "
+                                 "float32 attention in both), so greedy output equals plain decoding's at any precision where "
                                  "the device's matrix products are batch-invariant (bfloat16 on avx512_bf16 / AMX "
                                  "CPUs); refused where they are not")
 

@@ -17,9 +17,9 @@ Contract:
   (dropout in training, logit soft-capping, attention sinks, position biases, encoders). Other
   implementations (eager, flash, flex) are left as they are. Returns whether it switched.
   `kernels.use_kernels` does this to every target as it loads.
-- Inside `exact_attention.per_query()` every pass these kernels take (and the unfolded ones of a
-  plain transformers model) is computed query by query as a one-token step computes it
-  (`exact_attention.attend_per_query`: `--exact-verify`).
+- Inside `exact_attention.exact()` every pass these kernels take (and the unfolded ones of a
+  plain transformers model), one-token steps included, runs `exact_attention.attend`, which gives
+  each query the bits it gets in a one-token step (`--exact-verify`).
 - `stock_attention(model)`: a context in which such a model runs transformers' own `sdpa` again
   (the Hugging Face peers of `bench` are measured as Hugging Face ships them).
 The built-in Llama (`targets.llama`) folds through the first two functions itself.
@@ -45,12 +45,21 @@ def fold_queries(mask: torch.Tensor | None, length: int, groups: int) -> tuple[b
     return fold, mask
 
 
+def like_queries(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v in q's dtype: `--exact-verify`'s float32 cache read by a pass outside exact mode (its
+    prefill) goes back to the model's dtype, exactly (the cache holds that dtype's values)."""
+    if k.dtype == q.dtype:
+        return k, v
+    return k.to(q.dtype), v.to(q.dtype)
+
+
 def folded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                      scale: float | None) -> torch.Tensor:
     """Attention of q [b, heads, L, d] over k, v [b, kv_heads, S, d] -> [b, heads, L, d]."""
     b, heads, length, d = q.shape
-    if exact_attention.active() and (length > 1 or mask is not None):
-        return exact_attention.attend_per_query(q, k, v, mask, scale)
+    if exact_attention.active():      # --exact-verify: one-token steps and verify passes alike
+        return exact_attention.attend(q, k, v, mask, scale)
+    k, v = like_queries(q, k, v)
     kv_heads = k.shape[1]
     # [b, heads, L, d] -> [b, kv_heads, groups * L, d]: head (kv * groups + g)'s query l becomes
     # query g * L + l of KV head kv
@@ -68,9 +77,10 @@ def _transformers_kernel(module, query, key, value, attention_mask, dropout: flo
     plain = (dropout == 0.0 and kwargs.get("softcap") is None and kwargs.get("s_aux") is None
              and kwargs.get("position_bias") is None and key.shape[-1] == value.shape[-1])
     fold, mask = fold_queries(attention_mask, query.shape[2], groups) if plain else (False, None)
-    if plain and exact_attention.active():      # --exact-verify: one kernel call per query, as a one-token step
+    if plain and exact_attention.active():      # --exact-verify: each query as in a one-token step
         fold, mask = True, attention_mask
     if not fold:
+        key, value = like_queries(query, key, value)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     out = folded_attention(query, key, value, mask, scaling)                   # [b, heads, L, d]

@@ -48,7 +48,7 @@ from dflash2.errors import require
 from dflash2.model.draft import RMSNorm as DraftRMSNorm
 from dflash2.model.swiglu import SwiGLU
 from dflash2.targets import exact_attention
-from dflash2.targets.grouped_attention import fold_queries, folded_attention
+from dflash2.targets.grouped_attention import fold_queries, folded_attention, like_queries
 from dflash2.targets.projections import Fusing, Projection
 
 
@@ -176,6 +176,7 @@ class Attention(Fusing):
         if fold or exact_attention.active():   # the cache read where it lies, not copied per query head (~10x the attention at batch 20)
             out = folded_attention(q, k, v, mask, self.scaling)
         else:                      # a per-head mask; or no cache and no padding (`is_causal`: queries in their order)
+            k, v = like_queries(q, k, v)
             if groups > 1:                                       # [b, kv_heads, S, d] -> [b, heads, S, d]
                 k = k[:, :, None].expand(-1, -1, groups, -1, -1).reshape(b, self.heads, -1, self.head_dim)
                 v = v[:, :, None].expand(-1, -1, groups, -1, -1).reshape(b, self.heads, -1, self.head_dim)

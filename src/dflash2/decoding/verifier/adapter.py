@@ -38,11 +38,11 @@ Contract:
   batch is one session's at a time (decoders over one adapter share it); another session's claim
   is refused while the holder still has rows, and `reset()` frees it.
 - `features(input_ids, attention_mask)` is the cache-free pass used by training.
-- `exact_verify=True` (`--exact-verify`, `decoding.verifier.exact`): every step and tree pass
-  computes attention query by query as a one-token step does, and its products in chunks of at
-  most 32 rows (`targets.exact_attention`), so
-  where the device's products are batch-invariant a verify pass gives each position the bits a
-  plain step gives it, and greedy output equals plain decoding's at any precision.
+- `exact_verify=True` (`--exact-verify`, `decoding.verifier.exact`): every step and tree pass, one-
+  token steps included, computes attention by `targets.exact_attention.attend` (each query as its
+  one-token step computes it) and its products in chunks of at most 32 rows, so where the device's
+  products are batch-invariant a verify pass gives each position the bits a plain step gives it,
+  and greedy output equals plain decoding's (under the same option) at any precision.
 """
 from __future__ import annotations
 
@@ -182,7 +182,8 @@ class TargetAdapter:
         self.recurrent = recurrent.adopt(self.cache)
         self.holes = all(type(layer) is DynamicLayer for layer in self._attention_layers())
         if self.holes:
-            self.cache.layers = [SlotLayer() if type(layer) is DynamicLayer else layer for layer in self.cache.layers]
+            storage = torch.float32 if self.exact_verify else None      # exact_attention attends in float32
+            self.cache.layers = [SlotLayer(storage) if type(layer) is DynamicLayer else layer for layer in self.cache.layers]
         self.mask = mask
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         self.next_position = mask.sum(-1)
@@ -230,17 +231,19 @@ class TargetAdapter:
         if self.recurrent and q > 1:  # capture each position's recurrent state for `keep`
             with capturing():
                 return self._forward(ids, positions)
-        with self._exactly():
+        with self._exactly(ids.numel()):
             return self._forward(ids, positions)
 
-    def _exactly(self):
-        """With `exact_verify`, the context of a decoding pass: attention query by query, products of
-        at most `exact_attention.CHUNK_ROWS` rows."""
+    def _exactly(self, rows: int):
+        """With `exact_verify`, the context of a decoding pass of `rows` tokens: `exact_attention`'s
+        attention, products of at most `exact_attention.CHUNK_ROWS` rows (every product of a pass
+        has at most `rows` rows: a narrower pass needs no chunking)."""
         if not self.exact_verify:
             return contextlib.nullcontext()
         both = contextlib.ExitStack()
-        both.enter_context(exact_attention.per_query())
-        both.enter_context(exact_attention.chunked_rows(self.model))
+        both.enter_context(exact_attention.exact())
+        if rows > exact_attention.CHUNK_ROWS:
+            both.enter_context(exact_attention.chunked_rows(self.model))
         return both
 
     def verify(self, ids: torch.Tensor, tree=None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -265,7 +268,7 @@ class TargetAdapter:
         bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         bias = bias.masked_fill(~allowed, torch.finfo(self.dtype).min)                 # additive: eager and sdpa alike
         self.mask = F.pad(self.mask, (0, q), value=1)
-        with self._exactly():
+        with self._exactly(ids.numel()):
             return self._forward(ids, positions, attention_mask=bias)
 
     # ------------------------------------------------------------------ cache bookkeeping

@@ -1,17 +1,19 @@
 """`--exact-verify`: when it can hold, and the refusal when it cannot.
 
-Contract: a verify pass reproduces a one-token step's arithmetic exactly when (1) its attention
-runs query by query over exactly the keys a one-token step sees (`targets.exact_attention`, the
-adapter's part), (2) its matrix products give each row the bits it gets alone (batch-invariant
+Contract: a verify pass reproduces a one-token step's arithmetic exactly when (1) each query's
+attention runs over exactly the keys a one-token step sees, padded to a width that depends on
+their count alone, in float32, one-token steps included (`targets.exact_attention`, the adapter's
+part), (2) its matrix products give each row the bits it gets alone (batch-invariant
 kernels for up to 32 rows, probed by `exact_attention.batch_invariant`; wider passes are
 multiplied in chunks of 32 rows), and (3) the rest is per row (norms, RoPE, activations,
 `full_logits.FullLogits`). Then greedy output equals plain decoding's token for token
 at that precision, bfloat16 included.
 - `check_plan(config, device, dtype)`: before the target loads, from its config: refuses (one-line
   `DFlash2Error`) recurrent (hybrid) targets, whose verify pass solves the recurrence for the
-  whole block in another order, and a device / dtype whose products of the target's shapes are
+  whole block in another order, a device / dtype whose products of the target's shapes are
   not batch-invariant (float32 on x86 CPUs: MKL's one-row kernel; GPUs in general), naming the
-  product that failed and what holds instead.
+  product that failed and what holds instead, and a device whose attention kernel gives a query
+  of a verify pass other bits than its one-token step (`exact_attention.attention_invariant`).
 - `check_exact_verify(model, hybrid)`: after it loads: no recurrent layers, and the attention must
   be one whose passes `exact_attention` computes (dflash2's Llama, or a transformers model that
   `targets.kernels.use_kernels` switched to the folded kernel).
@@ -47,6 +49,12 @@ def check_plan(text_config, device: str, dtype: torch.dtype) -> None:
     require(holds, f"--exact-verify needs batch-invariant matrix products, and on this device ({device}, {name}) "
                    f"{failed} rounds differently from the same rows alone; it holds in bfloat16 on CPUs with "
                    "avx512_bf16 or AMX (oneDNN)")
+    heads = text_config.num_attention_heads
+    kv = getattr(text_config, "num_key_value_heads", None) or heads
+    head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
+    holds, failed = exact_attention.attention_invariant(kv, heads // kv, head_dim, dtype, device)
+    require(holds, f"--exact-verify needs an attention kernel that computes a query alike alone and among others, "
+                   f"and on this device ({device}) {failed}")
 
 
 def check_exact_verify(model, hybrid: bool) -> None:
