@@ -10,8 +10,9 @@ start-up calibration included, sees the same figures on every machine, and the p
 depend only on the model's tokens). Writes per decode the cycles' choices (tests/policy_trace.py's
 `cycle_of`) and the tokens (`--out` ending in .gz: gzip -9 with no name or time, the fixture's form);
 `--check` compares them with a recorded trace and exits 1 on a difference. The fixture,
-tests/fixtures/decode_trace.json.gz, is main at 45797f7 (the policy as a chooser and a learner, the
-shipped draft of that commit): re-record it, from an unchanged tree, when the model or the decoder's
+tests/fixtures/decode_trace.json.gz, is main at 807cc69 (the policy as a chooser and a learner, the
+shipped draft with its projections packed at inference, whose confidences differ from the unpacked
+module's in their last bits, so choices and bfloat16 near-tie tokens moved): re-record it, from an unchanged tree, when the model or the decoder's
 tokens change, never to make a change to the policy pass. A few minutes on one CPU thread.
 """
 from __future__ import annotations
