@@ -37,7 +37,7 @@ from typing import Callable, NoReturn
 
 from dflash2.files.cache import RECALIBRATE_ENV
 from dflash2.errors import DFlash2Error, require
-from dflash2.runtime.machine import check_threads
+from dflash2.runtime.machine import announce_threads
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -121,9 +121,7 @@ class ModelSettings:
                        args.tiny, getattr(args, "proposer", None), getattr(args, "lattice", False),
                        getattr(args, "exact_verify", False))
         apply_recalibrate(args)
-        warning = check_threads(settings.threads)
-        if warning:
-            print(warning, file=sys.stderr)
+        announce_threads(settings.threads)
         return settings
 
     def measuring_the_draft(self) -> "ModelSettings":

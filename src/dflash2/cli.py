@@ -120,10 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_generate(args) -> int:
-    import torch
 
     from dflash2.decoding.loop.engine import GenerationConfig
-    from dflash2.runtime.machine import check_threads
+    from dflash2.runtime.machine import check_threads, use_threads
     from dflash2.eval.audit import audit, reference_loader
     from dflash2.eval.compare import compare
     from dflash2.pipeline import prepare_decoder
@@ -151,8 +150,7 @@ def cmd_generate(args) -> int:
     block_warning = _block_size_warning(plan, config)
     if threads_warning:
         print(threads_warning, file=sys.stderr)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     pipe = plan.load()
     config.stop_token_ids = pipe.stop_token_ids
     if block_warning:

@@ -51,7 +51,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 from dflash2.argparsing import ModelSettings, OneLineParser, add_model_arguments, parse_list
@@ -69,9 +68,8 @@ from dflash2.eval.parts import PartStore, run_fingerprint, weights_digest
 from dflash2.export.llama_cpp import ENV as LLAMA_CPP_ENV, find_llama_cpp
 from dflash2.files.atomic import check_output, fmt, write_json, write_text
 from dflash2.pipeline import Pipeline, build_pipeline, shipped_draft_path
-from dflash2.runtime.machine import busy_warning
+from dflash2.runtime.machine import warn_if_busy
 from dflash2.runtime.provenance import cpu_ticks, git_commit, machine_identity, machine_info, machine_line, steal_share
-from dflash2.runtime.dtypes import parse_dtype
 from dflash2.targets.builtin import BUILTIN_TARGETS, load_target_model, open_target, resolve_target
 from dflash2.targets.chat import encode_messages
 from dflash2.targets.grouped_attention import stock_attention
@@ -392,9 +390,7 @@ def run_bench(pipe: Pipeline, bench: BenchSettings) -> dict:
     store = PartStore(out, run_fingerprint(settings, weights), bench.resume)
     print(f"# bench: draft {pipe.draft_description}; proposers {', '.join(decoders)}; block {block}; "
           f"concurrency {concurrency}; {pipe.header()}", file=sys.stderr)
-    busy = busy_warning(torch.get_num_threads()) if model.device == "cpu" else None
-    if busy:
-        print(busy, file=sys.stderr)
+    warn_if_busy(model.device)
     warm = first_prompt(pipe, conversations)
     for decoder in [ar, *decoders.values()]:  # untimed warm-up: first-call overheads hit no side's figures
         if decoder is not None:

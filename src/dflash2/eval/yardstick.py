@@ -39,7 +39,7 @@ from dflash2.data.holdout import is_held_out
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
 from dflash2.argparsing import OneLineParser, add_device_arguments, add_recalibrate_argument, apply_recalibrate
 from dflash2.runtime.devices import settle
-from dflash2.runtime.machine import busy_warning, check_threads
+from dflash2.runtime.machine import announce_threads, use_threads, warn_if_busy
 from dflash2.data.shards import load_manifest, read_records
 from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.decoding.proposers.draft import DRAFT_PHASES
@@ -199,9 +199,7 @@ def parse_args(argv):
     args.device, _ = settle(args.device, args.dtype)
     for name in ("heldout", "per_benchmark", "max_new_tokens", "batch_size"):
         require(getattr(args, name) > 0, f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    warning = check_threads(args.threads)
-    if warning:
-        print(warning, file=sys.stderr)
+    announce_threads(args.threads)
     require(args.arm is None or len(args.arm) == len(args.draft), "give one --arm per --draft (or none)")
     table = Path(args.table)  # checked before minutes of measuring, like bench's --output
     require(not table.is_dir(), f"--table '{table}' is a directory; give a markdown file")
@@ -228,15 +226,12 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
         settings = YardstickSettings(tuple(args.data), args.heldout, args.per_benchmark, args.max_new_tokens,
                                      args.batch_size)
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
+        use_threads(args.threads)
         for i, draft in enumerate(args.draft):
             pipe = load_decoder(args.target, draft, args.device, args.dtype, speculate="always",
                                 proposer=model_proposer(args.families[i]), lattice=False)
             print(f"# yardstick: {draft} | {pipe.header()}", file=sys.stderr)
-            busy = busy_warning(torch.get_num_threads()) if args.device == "cpu" else None
-            if busy:
-                print(busy, file=sys.stderr)
+            warn_if_busy(args.device)
             result = measure(pipe, settings, frozen_prompts(Path(args.prompts), pipe.tokenizer, settings))
             arm = args.arm[i] if args.arm else draft
             row = {"arm": arm, "draft": draft, "budget": training_budget(Path(draft)), **asdict(result),

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash2.targets.projections import FUSED_ROWS, SAME_BITS_ROWS, Projection, can_pack
+from dflash2.targets.projections import FUSED_ROWS, Projection, can_pack
 
 
 PACKED_ROWS = FUSED_ROWS   # bfloat16 passes up to this many rows run the packed kernel

@@ -6,12 +6,14 @@ Contract:
   (torch's thread pools segfault on counts in the tens of thousands, and far above the core count
   threads only contend); a count above the core count but within that bound is allowed and
   returns a one-line warning (`# warning: ...`) for the caller to print; None (torch's choice) and
-  counts within the cores return None.
+  counts within the cores return None. `announce_threads(n, flag)` checks and prints that warning
+  to stderr; `use_threads(n)` then hands a given count to torch (None leaves torch's choice).
 - `busy_warning(threads, load=None)`: a one-line warning (`# warning: ...`) when more than one torch
   thread runs on a machine already busy (a load average, default `os.getloadavg()`, of at least
   its usable cores), else None: the threads wait on each other (on a 2-core host beside two other
   jobs the yardstick's draft pass ran 7-17 times slower at 2 threads than at 1), so a measurement
-  is far steadier at `--threads 1`. Measuring commands print it before they start.
+  is far steadier at `--threads 1`. Measuring commands print it before they start, through
+  `warn_if_busy(device)` (CPU devices only: an accelerator does not share the host's cores).
 - `available_memory()`: bytes of memory the kernel says a new allocation can take without
   swapping (MemAvailable), or None where it does not say. `require_memory(nbytes, what, hint)`
   refuses (one line) an allocation larger than that.
@@ -19,6 +21,7 @@ Contract:
 from __future__ import annotations
 
 import os
+import sys
 
 from dflash2.errors import require
 
@@ -72,3 +75,23 @@ def check_threads(n: int | None, flag: str = "--threads") -> str | None:
         return (f"# warning: {flag} {n} is above the {cores} usable CPU core(s) of this machine: the threads will "
                 f"contend and run slower than {cores} would")
     return None
+
+
+def announce_threads(n: int | None, flag: str = "--threads") -> None:
+    warning = check_threads(n, flag)
+    if warning:
+        print(warning, file=sys.stderr)
+
+
+def use_threads(n: int | None) -> None:
+    if n is not None:
+        import torch
+        torch.set_num_threads(n)
+
+
+def warn_if_busy(device: str) -> None:
+    if str(device).startswith("cpu"):
+        import torch
+        busy = busy_warning(torch.get_num_threads())
+        if busy:
+            print(busy, file=sys.stderr)

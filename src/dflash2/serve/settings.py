@@ -15,14 +15,13 @@ Contract:
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 
 from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.decoding.policy import SPECULATE_MODES
 from dflash2.runtime.devices import resolve_precision
 from dflash2.errors import DFlash2Error, SettingError, require
-from dflash2.runtime.machine import check_threads
+from dflash2.runtime.machine import announce_threads
 from dflash2.serve.spec_decode import LEVELS
 
 API_KEY_ENV = "DFLASH2_API_KEY"
@@ -97,9 +96,7 @@ class ServeSettings:
         require(isinstance(self.max_request_bytes, int) and self.max_request_bytes >= 1024,
                 f"--max-request-mb must be at least 1 KiB (0.001), got {self.max_request_bytes / 2**20:g}")
         require(self.api_key is None or self.api_key.strip() != "", "--api-key must not be empty")
-        warning = check_threads(self.threads)
-        if warning:
-            print(warning, file=sys.stderr)
+        announce_threads(self.threads)
         require(self.log_level in ("critical", "error", "warning", "info", "debug"),
                 f"--log-level must be one of critical, error, warning, info, debug, got '{self.log_level}'")
         require(self.model_name is None or self.model_name.strip() != "", "--model-name must not be empty")

@@ -41,7 +41,7 @@ from dflash2.argparsing import OneLineParser, run_command
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
 from dflash2.errors import DFlash2Error, require
 from dflash2.files.atomic import require_writable, write_json
-from dflash2.runtime.machine import check_threads
+from dflash2.runtime.machine import announce_threads
 from dflash2.serve.settings import API_KEY_ENV, LOOPBACK_HOSTS
 from dflash2.targets.chat import encode_messages
 from dflash2.tools.loadprobe import HealthPoller, Probe, big_body, probe_summary, send_big_body
@@ -134,9 +134,7 @@ def parse_settings(argv: list[str]) -> LoadSettings:
     require(a.timeout > 0, f"--timeout must be positive, got {a.timeout}")
     if a.out:
         require_writable(a.out, "--out")   # before any server starts: the results are written at the end
-    warning = check_threads(a.threads)
-    if warning:
-        print(warning, file=sys.stderr)
+    announce_threads(a.threads)
     datasets = tuple(d.strip() for d in a.datasets.split(",") if d.strip())
     require(bool(datasets) and all(d in BENCHMARKS for d in datasets),
             f"--datasets must list benchmarks from {', '.join(BENCHMARKS)}, got '{a.datasets}'")

@@ -66,7 +66,6 @@ Contract:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 

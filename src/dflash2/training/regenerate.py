@@ -66,7 +66,7 @@ from dflash2.decoding.verifier.adapter import context_limit
 from dflash2.model.families import load_draft
 from dflash2.model.shape import target_text_config
 from dflash2.errors import DFlash2Error, require
-from dflash2.runtime.machine import check_threads
+from dflash2.runtime.machine import announce_threads, use_threads
 from dflash2.data.shards import InOrder, Record, ShardWriter
 from dflash2.training.prompt_sets import Prompt, encode_training_prompts  # noqa: F401 (their home before)
 from dflash2.decoding.verifier.adapter import TargetAdapter
@@ -478,11 +478,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                           "(or give --prompts FILE)")
         require(args.endpoint is not None or args.concurrency is None,
                 "--concurrency sets the requests in flight to an --endpoint; give one (local decoding: --batch-size)")
-        warning = check_threads(args.threads)
-        if warning:
-            print(warning, file=sys.stderr)
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
+        announce_threads(args.threads)
+        use_threads(args.threads)
         regenerate(args.target, args.out, args.num_prompts, max_new_tokens=args.max_new_tokens,
                    temperature=args.temperature, batch_size=args.batch_size, seed=args.seed, draft=args.draft,
                    shard_size=args.shard_size, prompts_source=args.source, max_prompt_tokens=args.max_prompt_tokens,
