@@ -109,11 +109,11 @@ def test_deciding_writes_nothing_and_the_record_teaches_everything():
     offer = Offer([True], None, [[0.9] * 7])
     before = repr(vars(policy)), repr(policy.costs.__dict__)
     plan = policy.prepare(1, offer, 8)
-    choice = plan.choose(Offer([True], [[0.6] * 7], [[0.9] * 7]), draft_seconds=0.050)
+    choice = plan.choose(Offer([True], [[0.6] * 7], [[0.9] * 7]), draft_seconds=0.040)
     assert (repr(vars(policy)), repr(policy.costs.__dict__)) == before
     policy.observe(CycleRecord(1, Offer([True], [[0.6] * 7], [[0.9] * 7]), plan, choice, True, list(choice.lengths),
-                               [0], choice.k + 1, 0.050, 0.080))
-    assert policy.costs.draft(1) == pytest.approx(0.8 * 0.030 + 0.2 * 0.050) and policy.evidence.weight > 0
+                               [0], choice.k + 1, 0.040, 0.080))
+    assert policy.costs.draft(1) == pytest.approx(0.8 * 0.030 + 0.2 * 0.040) and policy.evidence.weight > 0
 
 
 def test_a_draft_that_cannot_pay_stops_after_a_few_cycles_for_a_budgeted_time():

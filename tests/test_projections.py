@@ -156,13 +156,17 @@ def test_stepbench_times_both_variants_and_compares_their_logits(smollm2_cache, 
     out = tmp_path / "steps.json"
     assert stepbench.main(["--dtype", "bfloat16", "--tokens", "1,3", "--repeats", "2", "--context", "20",
                            "--json", str(out)]) == 0
-    assert "| bfloat16 | 3 |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| bfloat16 | 3 |" in printed
     rows = json.loads(out.read_text())
     assert [r["tokens"] for r in rows] == [1, 3]
     for row in rows:
         assert row["same_logits"] == {"packed": True, "plain": True}
         assert row["ms"]["packed"] > 0 and row["ms"]["plain"] > 0
         assert row["op_ms"]["matmul"] > 0 and row["ops_per_pass"] > 0
+        # 134.5 M parameters in bfloat16, the tied LM head read once (twice: 0.33 GB; not at all: 0.21 GB)
+        assert 0.26 < row["weight_gb"] < 0.28
+    assert "This machine reads" in printed and "weights GB/s" in printed
     assert stepbench.main(["--dtype", "float16"]) == 2
     assert capsys.readouterr().err.startswith("error: --dtype")
 

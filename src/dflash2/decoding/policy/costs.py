@@ -3,7 +3,8 @@ and the host work around them, in seconds.
 
 Contract: verify figures are calibrated at start-up (`calibrate`: one-row passes of 1, block, 4 and
 16 x block tokens; `calibrate_cached`: stored per machine and target, `files.calibration`) or
-observed (`observe_verify`: a moving average per (b, q) that overrides the calibration).
+observed (`observe_verify`: a moving average per (b, q) that overrides the calibration; every
+observed time, the draft's and the host's too, enters its average at most `SPIKE` x the average).
 `verify(b, q)`: that figure, else linear in q between figures at batch b, else the token curve
 (piecewise linear in n = b * q) scaled to the nearest figure at batch b. When the observed figures
 contradict the calibration (`stale()`), the stored one's `refresh(costs)` replaces it with them.
@@ -21,6 +22,8 @@ from dflash2.files.cache import RECALIBRATE_ENV
 from dflash2.files.calibration import calibration_path, read_calibration, write_calibration
 
 EMA = 0.2                       # the weight of a new figure in a moving average (`averaged`)
+SPIKE, SPIKE_S = 1.5, 0.001     # an observed time counts at most this multiple of its running figure (or 1 ms
+                                # more): one pass stalled by the host (3x at times) must not price the next cycles
 CALIBRATION_SIZES = (1, 4, 16)  # times the block: the q of the start-up passes (plus q = 1) ...
 CALIBRATION_CONTEXT, CALIBRATION_REPEATS = 32, 2   # ... on a dummy context of 32 tokens, each size twice
 STALE_FACTOR = 1.5              # observed / calibrated beyond this (either way): the calibration is stale
@@ -29,8 +32,13 @@ STALE_SAMPLES = 4               # ... once a (b, q) was observed this often
 VerifyTable = dict[tuple[int, int], float]   # (b, q) -> seconds
 
 
-def averaged(old: float | None, new: float) -> float:
-    return new if old is None else (1 - EMA) * old + EMA * new
+def averaged(old: float | None, new: float, weight: float = EMA) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+def timed(old: float | None, seconds: float) -> float:
+    """A time's running figure after one more observation, a spike counted at `SPIKE` x the figure."""
+    return averaged(old, seconds if old is None else min(seconds, max(SPIKE * old, old + SPIKE_S)))
 
 
 class CostModel:
@@ -52,17 +60,17 @@ class CostModel:
         return len({b * q for b, q in self.verify_s}) >= 2
 
     def observe_verify(self, b: int, q: int, seconds: float) -> None:
-        self.observed_s[(b, q)] = averaged(self.observed_s.get((b, q)), seconds)
+        self.observed_s[(b, q)] = timed(self.observed_s.get((b, q)), seconds)
         self.observed_n[(b, q)] = self.observed_n.get((b, q), 0) + 1
 
     def observe_draft(self, b: int, seconds: float) -> None:
         self.draft_s[b] = self.draft_after(b, seconds)
 
     def draft_after(self, b: int, seconds: float) -> float:
-        return averaged(self.draft_s.get(b), seconds)
+        return timed(self.draft_s.get(b), seconds)
 
     def observe_host(self, b: int, speculative: bool, seconds: float) -> None:
-        self.host_s[(b, speculative)] = averaged(self.host_s.get((b, speculative)), max(seconds, 0.0))
+        self.host_s[(b, speculative)] = timed(self.host_s.get((b, speculative)), max(seconds, 0.0))
 
     def load_calibration(self, table: VerifyTable) -> None:
         self.calibrated_s.update(table)

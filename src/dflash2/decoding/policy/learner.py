@@ -25,6 +25,9 @@ from dflash2.decoding.policy.expectation import AcceptanceModel
 DRAFT_SCALE_WEIGHT = 8.0   # the draft's confidence is a trained model's probability: its table-wide calibration
                            # moves only as evidence worth 8 reached tokens says (lookup's heuristic one: 2)
 DECAY, PRIOR, CLIP = 0.99, 4.0, 2.0   # `GainEvidence`: weight per cycle, pseudo-cycles at gain 0, largest |gain|
+OUTLOOK_CYCLES = 32       # the draft's usual yield averages about this many draft cycles (the first ones equally):
+                          # one block's yield swings from 1 to 8 tokens, and a short average that dips on a few
+                          # poor blocks would stop the pass for a whole back-off while lookup offers anything
 
 
 @dataclass
@@ -65,6 +68,7 @@ class SpeculationPolicy:
         self.stretch = 0.0               # seconds the draft cycles since the last fallback lost, on balance
         self.probing = True              # the next draft pass is a probe
         self.outlook: tuple[float, float] | None = None   # the draft's usual (k, expected tokens a row)
+        self.outlook_cycles = 0          # draft cycles behind it
         backoff = Backoff.between(self.settings.min_backoff, self.settings.max_backoff)
         self.fallback = backoff          # plain steps without the draft pass
         self.lookup_probes = backoff     # lookup cycles until a lookup probe
@@ -108,9 +112,11 @@ class SpeculationPolicy:
             self.probing = self.probing or not self.fallback.waiting
         if plan.skips is not None:
             self.draft_skips = plan.skips
-        if choice.draft_yield is not None:   # the draft's usual yield: a moving average
+        if choice.draft_yield is not None:   # the draft's usual yield: a slow moving average
             (k, per_row), old = choice.draft_yield, self.outlook or (None, None)
-            self.outlook = (averaged(old[0], float(k)), averaged(old[1], per_row))
+            self.outlook_cycles += 1
+            weight = 1.0 / min(self.outlook_cycles, OUTLOOK_CYCLES)
+            self.outlook = (averaged(old[0], float(k), weight), averaged(old[1], per_row, weight))
             if "draft" in choice.sources or choice.has_tree:   # the draft was chosen
                 self.draft_skips = self.draft_skips.relax()
         if choice.lookup_probes is not None:

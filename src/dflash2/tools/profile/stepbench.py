@@ -11,8 +11,12 @@ A, B, ...) `--repeats` times and the median milliseconds are reported, each form
 compared with the first form's (bitwise equal, or the largest difference and the share of
 positions whose argmax differs). For the first form the torch profiler then splits the pass's op
 time into the projections (the LM head included), attention and every other op, and counts the
-aten ops a pass dispatches (nested ones included). `main` prints a markdown table; `--json`
-writes the rows. On a shared machine only the ratios of the interleaved medians mean much.
+aten ops a pass dispatches (nested ones included). How near the machine's limit a pass runs: the
+first form's weight bytes a pass reads (`weight_bytes`: every parameter once, a tied LM head once,
+an untied embedding table not at all: a lookup reads one row; unquantized forms) over its median
+time, beside this machine's read bandwidth at the same threads (`read_bandwidth`: a float32 sum
+over a 512 MiB buffer, median of 5; CPU only). `main` prints a markdown table; `--json` writes the
+rows. On a shared machine only the ratios of the interleaved medians mean much.
 """
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ class PassTiming:
     argmax_differs: dict[str, float]  # form -> share of positions whose top token is another
     op_ms: dict[str, float]           # first form: profiled self time of matmuls / attention / other ops
     ops_per_pass: float
+    weight_gb: float = 0.0            # first form: weight bytes a pass reads, 1e9 bytes
 
 
 def load_forms(target: str, dtype: torch.dtype, device: str, forms: list[str]) -> dict[str, TargetAdapter]:
@@ -58,6 +63,26 @@ def load_forms(target: str, dtype: torch.dtype, device: str, forms: list[str]) -
         projections.set_weights(model, form)
         adapters[form] = TargetAdapter(model)
     return adapters
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    total = sum(p.numel() * p.element_size() for p in model.parameters())     # shared (tied) tensors once
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    if embedding.data_ptr() != head.data_ptr():
+        total -= embedding.numel() * embedding.element_size()
+    return total
+
+
+def read_bandwidth(nbytes: int = 2**29, repeats: int = 5) -> float:
+    """GB/s (1e9 bytes) a float32 sum reads at the current torch threads."""
+    buffer = torch.ones(nbytes // 4, dtype=torch.float32)
+    buffer.sum()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        buffer.sum()
+        seconds.append(time.perf_counter() - start)
+    return nbytes / statistics.median(seconds) / 1e9
 
 
 def _pass(adapter: TargetAdapter, ids: torch.Tensor) -> torch.Tensor:
@@ -108,14 +133,16 @@ def measure(adapters: dict[str, TargetAdapter], dtype_name: str, tokens: int, co
                       {v: bool(torch.equal(l, reference)) for v, l in first.items()},
                       {v: (l - reference).abs().max().item() for v, l in first.items()},
                       {v: (l.argmax(-1) != reference.argmax(-1)).float().mean().item() for v, l in first.items()},
-                      split, calls)
+                      split, calls, weight_bytes(next(iter(adapters.values())).model) / 1e9)
 
 
-def render(rows: list[PassTiming], header: str) -> str:
+def render(rows: list[PassTiming], header: str, bandwidth: float | None = None) -> str:
+    """`bandwidth`: the machine's read GB/s, for the weights' share of it."""
     forms = list(dict.fromkeys(f for r in rows for f in r.ms))          # every form, in order
     lines = [header, "", "| dtype | tokens | " + " | ".join(f"{f} ms" for f in forms) + " | "
              + " | ".join(f"{f} / {forms[0]}" for f in forms[1:]) + " | logits vs " + forms[0]
-             + " | matmul ms | attention ms | other ops ms | aten ops |", "|---|---:|" + "---:|" * (2 * len(forms) + 4)]
+             + " | matmul ms | attention ms | other ops ms | aten ops | weights GB/s | of the machine's |",
+             "|---|---:|" + "---:|" * (2 * len(forms) + 6)]
     for r in rows:
         ratios = [f"{r.ms[f] / r.ms[forms[0]]:.2f}" if f in r.ms else "-" for f in forms[1:]]
         same = ", ".join(f"{f}: " + ("same" if r.same_logits[f] else f"{r.max_logit_difference[f]:.1e}, "
@@ -123,8 +150,22 @@ def render(rows: list[PassTiming], header: str) -> str:
                          for f in forms[1:] if f in r.ms)
         lines.append(f"| {r.dtype} | {r.tokens} | " + " | ".join(f"{r.ms[f]:.1f}" if f in r.ms else "-" for f in forms)
                      + " | " + " | ".join(ratios) + f" | {same} | {r.op_ms['matmul']:.1f} "
-                     f"| {r.op_ms['attention']:.1f} | {r.op_ms['other ops']:.1f} | {r.ops_per_pass:.0f} |")
+                     f"| {r.op_ms['attention']:.1f} | {r.op_ms['other ops']:.1f} | {r.ops_per_pass:.0f} "
+                     f"| {_rate(r, forms[0])} | {_share(r, forms[0], bandwidth)} |")
+    if bandwidth is not None:
+        lines += ["", f"This machine reads {bandwidth:.1f} GB/s at these threads (a float32 sum over 512 MiB); "
+                      f"a pass cannot beat its weight bytes at that rate."]
     return "\n".join(lines)
+
+
+def _rate(row: PassTiming, form: str) -> str:
+    return f"{row.weight_gb / (row.ms[form] / 1000):.1f}" if row.weight_gb and form not in quantized.SCHEMES else "-"
+
+
+def _share(row: PassTiming, form: str, bandwidth: float | None) -> str:
+    if bandwidth is None or _rate(row, form) == "-":
+        return "-"
+    return f"{100 * row.weight_gb / (row.ms[form] / 1000) / bandwidth:.0f} %"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     header = (f"Target pass timings: {args.target} on {args.device} ({cpu_model()}, {torch.get_num_threads()} threads), "
               f"{args.context} cached tokens, median of {args.repeats} interleaved passes")
-    print(render(rows, header))
+    bandwidth = read_bandwidth() if args.device == "cpu" else None
+    print(render(rows, header, bandwidth))
     if args.json:
         with atomic_write(args.json, "w") as handle:
             json.dump([asdict(r) for r in rows], handle, indent=2)
