@@ -10,10 +10,10 @@ start-up calibration included, sees the same figures on every machine, and the p
 depend only on the model's tokens). Writes per decode the cycles' choices (tests/policy_trace.py's
 `cycle_of`) and the tokens (`--out` ending in .gz: gzip -9 with no name or time, the fixture's form);
 `--check` compares them with a recorded trace and exits 1 on a difference. The fixture,
-tests/fixtures/decode_trace.json.gz, is main at 807cc69 (the policy as a chooser and a learner, the
-shipped draft with its projections packed at inference, whose confidences differ from the unpacked
-module's in their last bits, so choices and bfloat16 near-tie tokens moved): re-record it, from an unchanged tree, when the model or the decoder's
-tokens change, never to make a change to the policy pass. A few minutes on one CPU thread.
+tests/fixtures/decode_trace.json.gz, is main at 2d7a917 (hybrid's outlook of the draft a slow
+average: the hybrid decodes changed, the draft and lookup ones are as recorded at 807cc69): re-record
+it, from an unchanged tree, when the model or the decoder's tokens change or the policy's behaviour
+changes on purpose (measured), never to make a refactor pass. A few minutes on one CPU thread.
 """
 from __future__ import annotations
 

@@ -4,9 +4,10 @@ and length, a tree's branches) and the fallback under way, in a synthetic world 
 offers and acceptances come from seeded random numbers (the same world whatever the policy's code,
 as long as it makes the same choices).
 
-`policy_trace()` -> one list of cycle tuples per scenario (`SCENARIOS`). The recorded trace of the
-policy as it was before its rewrite as a pure chooser and one learner is
-tests/fixtures/policy_trace.json.gz; test_policy_trace.py compares. `cycle_of(record, plan_draft,
+`policy_trace()` -> one list of cycle tuples per scenario (`SCENARIOS`). The recorded trace is
+tests/fixtures/policy_trace.json.gz (the policy as a pure chooser and one learner, recorded again
+when hybrid's outlook of the draft became a slow average: the hybrid scenarios changed, no other);
+test_policy_trace.py compares. Re-record it only for a deliberate change of behaviour, measured. `cycle_of(record, plan_draft,
 fallback_left)` is the tuple one cycle leaves (also used for traces of whole decodes,
 scripts/decode_trace.py).
 """

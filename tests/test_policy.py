@@ -45,6 +45,25 @@ def test_cost_model_interpolates_and_extrapolates_by_tokens():
     assert costs.draft(1) == pytest.approx(0.010) and costs.draft(4) == pytest.approx(0.010)
 
 
+def test_a_stalled_pass_enters_the_cost_figures_at_most_half_again_their_value():
+    """One pass the host stalled (93 ms where passes take 30) counts as 45 ms, so it cannot price the
+    next cycles out of speculating; a machine that really slowed down is followed within cycles; a
+    figure near zero may grow by a millisecond at once."""
+    costs = CostModel()
+    costs.observe_verify(1, 8, 0.030)
+    costs.observe_verify(1, 8, 0.093)
+    assert costs.verify(1, 8) == pytest.approx(0.8 * 0.030 + 0.2 * 0.045)
+    for _ in range(30):
+        costs.observe_verify(1, 8, 0.060)
+    assert costs.verify(1, 8) == pytest.approx(0.060, rel=0.02)
+    costs.observe_draft(1, 0.006)
+    costs.observe_draft(1, 0.005)                                   # faster: taken as it is
+    assert costs.draft(1) == pytest.approx(0.8 * 0.006 + 0.2 * 0.005)
+    costs.observe_host(1, True, 0.00001)
+    costs.observe_host(1, True, 0.002)
+    assert costs.host(1, True) == pytest.approx(0.8 * 0.00001 + 0.2 * 0.00101)
+
+
 def test_cost_model_follows_the_token_curve_at_the_level_of_the_batch():
     costs = CostModel()
     for q, s in ((1, 0.060), (8, 0.080), (32, 0.170), (128, 0.400)):   # start-up: one row, q tokens
@@ -575,6 +594,32 @@ def test_the_first_draft_probe_waits_for_a_row_that_lookup_leaves_uncovered():
     assert worth(2, Offer([True] * 2, None, [[0.95] * 7, []]))
     policy.outlook = (7.0, 7.5)                                  # a draft that usually gives 7.5 tokens a row
     assert worth(1, covered)
+
+
+def test_a_few_poor_blocks_do_not_stop_a_draft_that_usually_pays_beside_lookup():
+    """Hybrid: the draft's usual yield is a slow average of its cycles' (the first ones equally), so
+    after 40 blocks worth 3 tokens, three blocks worth 1 leave it near 3 and a cycle lookup covers
+    still runs the draft pass (a moving average of weight 0.2 would be at 2.0 and skip it); 60 more
+    blocks worth 1 do bring it down, and the pass is skipped."""
+    policy = SpeculationPolicy("auto", _costs(0.030), sources=2)
+    covered = Offer([True], None, [[0.3] * 7])                   # lookup alone would gain a little here
+
+    def learn(tokens: float) -> None:
+        plan = policy.prepare(1, Offer([True], [[0.6] * 7], None), 8)
+        choice = Choice(7, tokens, 0.0, ("draft",), (7,), draft_yield=(7, tokens))
+        policy.observe(CycleRecord(1, Offer([True], [[0.6] * 7], None), plan, choice, True, [7], [round(tokens) - 1],
+                                   8, 0.030, 0.080))
+    for _ in range(40):
+        learn(3.0)
+    assert policy.outlook[1] == pytest.approx(3.0)
+    for _ in range(3):
+        learn(1.0)
+    assert policy.outlook[1] > 2.7
+    assert worth_drafting(policy.tables, policy.costs, 1, 8, covered, policy.outlook, policy.draft_skips)[0]
+    for _ in range(60):
+        learn(1.0)
+    assert policy.outlook[1] < 1.3
+    assert not worth_drafting(policy.tables, policy.costs, 1, 8, covered, policy.outlook, policy.draft_skips)[0]
 
 
 def test_ordinary_cycles_that_lose_fall_back_once_they_have_spent_what_the_draft_gained():

@@ -1,8 +1,7 @@
 """The speculation policy makes the choices it made when its trace was recorded: every cycle of the
 synthetic scenarios of `policy_trace` (plans, draft passes, per row its source and length, trees,
-fallbacks) equals tests/fixtures/policy_trace.json.gz, recorded from the policy before it was
-rewritten as a pure chooser and one learner (scripts/decode_trace.py does the same for whole decodes
-of the default target)."""
+fallbacks) equals tests/fixtures/policy_trace.json.gz (tests/policy_trace.py says when it was
+recorded; scripts/decode_trace.py does the same for whole decodes of the default target)."""
 from __future__ import annotations
 
 import gzip

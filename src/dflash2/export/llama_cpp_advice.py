@@ -3,12 +3,14 @@
 Contract: `measure(lc, target_gguf, draft_gguf, expected, prompts, settings)` -> `Measurements`:
 - C(w) = T(w) / T(1) for w = 1..K+1: `llama_cpp.verify_costs` (llama-bench, the median of
   `settings.repetitions` samples, after `settings.depth` tokens of context);
-- S and D(k): `grid` runs `llama-speculative-simple` on `prompts` (`settings.new_tokens` tokens),
+- D(k): `grid` runs `llama-speculative-simple` on `prompts` (`settings.new_tokens` tokens),
   plain (`--spec-type none`) and with the draft at `--spec-draft-n-max k` (`setting_runs`; the
   n-gram modes too where asked), interleaved, `settings.runs` rounds (medians): a round's time per
-  target pass (passes = n_predict - n_accept: each pass commits its accepted drafts + 1) minus
-  T(w) of its width, over T(1) (`measurements_from`); the same runs give the measured speedup
-  (tokens/s over plain);
+  target pass (passes = n_predict - n_accept: each pass commits its accepted drafts + 1) over the
+  plain run's, less C(k + 1) (`measurements_from`). The unit is the plain run's step, not
+  llama-bench's T(1): llama-bench times another code path at another context and read 1.5x the
+  runs' step for a Q4_1 target, which hid the draft's own cost. S is therefore 0 (the plain step is
+  the unit). The same runs give the measured speedup (tokens/s over plain);
 - E(k): `expected` (dflash2's own measurement of the draft, `acceptance_cost.expected_tokens_by_width`).
 `advice_for(...)` / `advice_for_export(...)` run the whole thing for `dflash2 export --to gguf` and
 return the printed lines.
@@ -72,13 +74,14 @@ def grid(lc: llama_cpp.LlamaCpp, runs: dict[str, llama_cpp.Run], prompts: list[s
 
 def measurements_from(seconds: dict[int, float], timings: dict[str, Timing], expected: dict[int, float],
                       where: str) -> Measurements:
-    """C(w), S, D(k) and the measured speedups from llama-bench's `seconds` per width and `timings`."""
-    one, plain = seconds[1], timings["plain"]
+    """C(w) (the shape of llama-bench's `seconds` per width), D(k) in plain steps of the runs and the
+    measured speedups, from `timings`."""
+    curve, plain = {w: t / seconds[1] for w, t in seconds.items()}, timings["plain"]
     ks = [k for k in sorted(expected) if f"draft n-max {k}" in timings]
-    draft_cost = {k: max(timings[f"draft n-max {k}"].seconds_per_pass - seconds[k + 1], 0.0) / one for k in ks}
+    draft_cost = {k: max(timings[f"draft n-max {k}"].seconds_per_pass / plain.seconds_per_pass - curve[k + 1], 0.0)
+                  for k in ks}
     measured = {k: timings[f"draft n-max {k}"].tokens_per_second / plain.tokens_per_second for k in ks}
-    return Measurements({w: t / one for w, t in seconds.items()}, draft_cost, {k: expected[k] for k in ks},
-                        max(plain.seconds_per_pass - one, 0.0) / one, measured, where)
+    return Measurements(curve, draft_cost, {k: expected[k] for k in ks}, 0.0, measured, where)
 
 
 def measure(lc: llama_cpp.LlamaCpp, target_gguf: Path, draft_gguf: Path, expected: dict[int, float],

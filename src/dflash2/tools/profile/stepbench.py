@@ -139,19 +139,19 @@ def measure(adapters: dict[str, TargetAdapter], dtype_name: str, tokens: int, co
 def render(rows: list[PassTiming], header: str, bandwidth: float | None = None) -> str:
     """`bandwidth`: the machine's read GB/s, for the weights' share of it."""
     forms = list(dict.fromkeys(f for r in rows for f in r.ms))          # every form, in order
-    lines = [header, "", "| dtype | tokens | " + " | ".join(f"{f} ms" for f in forms) + " | "
-             + " | ".join(f"{f} / {forms[0]}" for f in forms[1:]) + " | logits vs " + forms[0]
-             + " | matmul ms | attention ms | other ops ms | aten ops | weights GB/s | of the machine's |",
-             "|---|---:|" + "---:|" * (2 * len(forms) + 6)]
+    columns = (["dtype", "tokens"] + [f"{f} ms" for f in forms] + [f"{f} / {forms[0]}" for f in forms[1:]]
+               + ([f"logits vs {forms[0]}"] if len(forms) > 1 else [])
+               + ["matmul ms", "attention ms", "other ops ms", "aten ops", "weights GB/s", "of the machine's"])
+    lines = [header, "", "| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
     for r in rows:
         ratios = [f"{r.ms[f] / r.ms[forms[0]]:.2f}" if f in r.ms else "-" for f in forms[1:]]
-        same = ", ".join(f"{f}: " + ("same" if r.same_logits[f] else f"{r.max_logit_difference[f]:.1e}, "
-                                     f"top token differs at {100 * r.argmax_differs[f]:.0f} %")
-                         for f in forms[1:] if f in r.ms)
-        lines.append(f"| {r.dtype} | {r.tokens} | " + " | ".join(f"{r.ms[f]:.1f}" if f in r.ms else "-" for f in forms)
-                     + " | " + " | ".join(ratios) + f" | {same} | {r.op_ms['matmul']:.1f} "
-                     f"| {r.op_ms['attention']:.1f} | {r.op_ms['other ops']:.1f} | {r.ops_per_pass:.0f} "
-                     f"| {_rate(r, forms[0])} | {_share(r, forms[0], bandwidth)} |")
+        same = [", ".join(f"{f}: " + ("same" if r.same_logits[f] else f"{r.max_logit_difference[f]:.1e}, "
+                                      f"top token differs at {100 * r.argmax_differs[f]:.0f} %")
+                          for f in forms[1:] if f in r.ms)] if len(forms) > 1 else []
+        cells = ([r.dtype, str(r.tokens)] + [f"{r.ms[f]:.1f}" if f in r.ms else "-" for f in forms] + ratios + same
+                 + [f"{r.op_ms['matmul']:.1f}", f"{r.op_ms['attention']:.1f}", f"{r.op_ms['other ops']:.1f}",
+                    f"{r.ops_per_pass:.0f}", _rate(r, forms[0]), _share(r, forms[0], bandwidth)])
+        lines.append("| " + " | ".join(cells) + " |")
     if bandwidth is not None:
         lines += ["", f"This machine reads {bandwidth:.1f} GB/s at these threads (a float32 sum over 512 MiB); "
                       f"a pass cannot beat its weight bytes at that rate."]
