@@ -7,7 +7,7 @@ advice `dflash2 export --to gguf` prints names the fastest measured setting.
 Per type (q4_1: the target's own GGUF; bf16 / f32: it dequantised, `export.gguf_target`):
 - T(w) / T(1), w = 1..8: `llama-bench -p w -n 0 -b w -ub w -d 256 -r R -t T -o json` (medians);
 - `llama-speculative-simple` greedy on `--prompts` benchmark prompts: plain (`--spec-type none`), the
-  draft's GGUF export (F32) at `--spec-draft-n-max` 1..7, and the n-gram modes (ngram-simple,
+  draft's GGUF export (`--draft-dtype`, float32 by default) at `--spec-draft-n-max` 1..7, and the n-gram modes (ngram-simple,
   ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache at n-max 7), interleaved, `--rounds` rounds,
   medians of each round's tokens/s; acceptance = accepted / drafted (llama.cpp's rate) and tokens
   per target pass;
@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dflash2-prompts", type=int, default=4)
     p.add_argument("--ngram", default=",".join(NGRAM_MODES), help="n-gram modes to time ('' for none)")
+    p.add_argument("--draft-dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="the draft's GGUF matrices (its norms and vectors stay F32)")
     p.add_argument("--reanalyse", default=None, help="a results.json: its advice and table again, no runs")
     args = p.parse_args(argv)
     if args.reanalyse:
@@ -73,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     shipped = shipped_draft_path("smollm2")
     own = BUILTIN_TARGETS["smollm2"].locate_gguf(out)
-    draft = out / "draft-gguf" / "draft.gguf"
+    draft = out / ("draft-gguf" if args.draft_dtype == "float32" else f"draft-gguf-{args.draft_dtype}") / "draft.gguf"
     if not draft.is_file():
-        export_draft(ExportSettings(draft=shipped, form="gguf", out=draft.parent, force=True, dtype="float32",
+        export_draft(ExportSettings(draft=shipped, form="gguf", out=draft.parent, force=True, dtype=args.draft_dtype,
                                     measure_prompts=0))
     log("dflash2: E(k) per n-max k (float32, a block of k + 1)")
     pipe = load_decoder("smollm2", str(shipped), dtype="float32", draft_dtype="float32", proposer="draft")
