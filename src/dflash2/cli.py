@@ -120,7 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_generate(args) -> int:
-
     from dflash2.decoding.loop.engine import GenerationConfig
     from dflash2.runtime.machine import check_threads, use_threads
     from dflash2.eval.audit import audit, reference_loader

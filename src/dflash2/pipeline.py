@@ -58,7 +58,7 @@ from dflash2.decoding.verifier.adapter import TargetAdapter, context_limit
 from dflash2.runtime.devices import Precision, native_bfloat16, settle
 from dflash2.runtime.dtypes import parse_dtype
 from dflash2.errors import DFlash2Error, require
-from dflash2.runtime.machine import require_memory
+from dflash2.runtime.machine import require_memory, use_threads
 from dflash2.model.config import DFlash2Config
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
@@ -303,8 +303,7 @@ def tiny_pipeline(seed: int = 0, speculate: str = "auto", lattice: bool = False)
 
 
 def build_pipeline(model: ModelSettings) -> Pipeline:
-    if model.threads is not None:
-        torch.set_num_threads(model.threads)
+    use_threads(model.threads)
     if model.tiny:
         torch.manual_seed(model.seed)
         return tiny_pipeline(model.seed, model.speculate, model.lattice)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
 from dflash2.runtime.dtypes import DTYPES
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.files.weights import save_safetensors

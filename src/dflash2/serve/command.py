@@ -26,11 +26,10 @@ import signal
 import socket
 import sys
 
-import torch
-
 from dflash2.argparsing import (OneLineParser, add_device_arguments, add_recalibrate_argument, apply_recalibrate,
                                 run_command)
 from dflash2.runtime.devices import check_device
+from dflash2.runtime.machine import use_threads
 from dflash2.errors import DFlash2Error, require
 from dflash2.serve.settings import API_KEY_ENV, RequestDefaults, ServeSettings
 from dflash2.serve.spec_decode import LEVELS
@@ -130,8 +129,7 @@ def load_pipeline(settings: ServeSettings):
     # socket is claimed, so a bad option or a busy port answers at once
     from dflash2.pipeline import load_decoder, tiny_pipeline
 
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
+    use_threads(settings.threads)
     if settings.tiny:
         pipeline = tiny_pipeline(0, "never" if settings.no_draft else settings.speculate)
     else:

@@ -158,14 +158,19 @@ def render(rows: list[PassTiming], header: str, bandwidth: float | None = None) 
     return "\n".join(lines)
 
 
+def _gb_per_s(row: PassTiming, form: str) -> float | None:
+    """The weights a pass of `form` reads per second (None: a quantized form, whose bytes are others)."""
+    return row.weight_gb / (row.ms[form] / 1000) if row.weight_gb and form not in quantized.SCHEMES else None
+
+
 def _rate(row: PassTiming, form: str) -> str:
-    return f"{row.weight_gb / (row.ms[form] / 1000):.1f}" if row.weight_gb and form not in quantized.SCHEMES else "-"
+    rate = _gb_per_s(row, form)
+    return "-" if rate is None else f"{rate:.1f}"
 
 
 def _share(row: PassTiming, form: str, bandwidth: float | None) -> str:
-    if bandwidth is None or _rate(row, form) == "-":
-        return "-"
-    return f"{100 * row.weight_gb / (row.ms[form] / 1000) / bandwidth:.0f} %"
+    rate = _gb_per_s(row, form)
+    return "-" if rate is None or bandwidth is None else f"{100 * rate / bandwidth:.0f} %"
 
 
 def main(argv: list[str] | None = None) -> int:
