@@ -38,7 +38,8 @@ def test_explicit_dtypes_are_taken_as_given_and_unknown_ones_refused():
     for name, canonical in (("float32", "float32"), ("fp32", "float32"), ("bf16", "bfloat16"), ("FP16", "float16")):
         chosen = resolve_precision(name, "cpu")
         assert chosen.name == canonical and chosen.reason == "as asked"
-        assert chosen.record() == {"dtype": canonical, "dtype_requested": name.lower(), "dtype_reason": "as asked"}
+        assert chosen.record() == {"dtype": canonical, "dtype_requested": name.lower(), "dtype_reason": "as asked",
+                                  "weights": "float"}
     with pytest.raises(DFlash2Error, match="unknown dtype 'float64'"):
         resolve_precision("float64", "cpu")
 

@@ -16,11 +16,11 @@ user's wait, which the operating system does at once (for commands that leave no
 up at exit: `dflash2 generate`).
 
 `ModelSettings` (target, draft, device, dtype, seed, threads, speculate, tiny, proposer, lattice,
-exact_verify) is what `add_model_arguments` adds to a parser and `ModelSettings.from_args` reads
+exact_verify, weights) is what `add_model_arguments` adds to a parser and `ModelSettings.from_args` reads
 back, checked (bench, analyze, cycles, ablation; `pipeline.build_pipeline` loads it): the device
 against this torch build and machine, the dtype's name (`devices.settle`), before anything loads.
-`add_device_arguments(parser)` is the one `--device` / `--dtype auto` / `--exact-verify` of every
-command that loads a target (generate, serve, regenerate and yardstick add it themselves). `add_recalibrate_argument(p)` is
+`add_device_arguments(parser)` is the one `--device` / `--dtype auto` / `--exact-verify` /
+`--weights` of every command that loads a target (generate, serve, regenerate and yardstick add it themselves). `add_recalibrate_argument(p)` is
 the one `--recalibrate` of every command that decodes (generate, bench, analyze, cycles,
 yardstick, serve); `apply_recalibrate(args)` passes it on to the cost model's calibration store. `parse_list(text, what)` splits a
 comma-separated option, refusing an empty one. `say(message, who)`: one progress line of a command
@@ -110,6 +110,7 @@ class ModelSettings:
     proposer: str | None = None   # draft | lookup | hybrid | mtp; None: the pipeline's default
     lattice: bool = False         # the draft's lattice's second path as a tree branch (greedy rows)
     exact_verify: bool = False    # verify passes reproduce one-token steps (`decoding.verifier.exact`)
+    weights: str = "float"        # the target's layers: float, or int8 / int4 (`pipeline.check_weights`)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ModelSettings":
@@ -119,7 +120,7 @@ class ModelSettings:
         device, _ = settle(args.device, args.dtype)
         settings = cls(args.target, args.draft, device, args.dtype, args.seed, args.threads, args.speculate,
                        args.tiny, getattr(args, "proposer", None), getattr(args, "lattice", False),
-                       getattr(args, "exact_verify", False))
+                       getattr(args, "exact_verify", False), getattr(args, "weights", "float"))
         apply_recalibrate(args)
         announce_threads(settings.threads)
         return settings
@@ -166,8 +167,8 @@ def add_model_arguments(parser, several_proposers: bool = False) -> None:
     add_recalibrate_argument(parser)
 
 
-def add_device_arguments(parser, exact_verify: bool = True) -> None:
-    """`--device` and `--dtype` (and `--exact-verify`) of every command that loads the target."""
+def add_device_arguments(parser, exact_verify: bool = True, weights: bool = True) -> None:
+    """`--device` and `--dtype` (and `--exact-verify`, `--weights`) of every command that loads the target."""
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or xpu (checked against this torch "
                                                         "and machine before anything loads)")
     parser.add_argument("--dtype", default="auto", help="auto (default): bfloat16 where the device computes it "
@@ -179,6 +180,12 @@ def add_device_arguments(parser, exact_verify: bool = True) -> None:
                                  "float32 attention in both), so greedy output equals plain decoding's at any precision where "
                                  "the device's matrix products are batch-invariant (bfloat16 on avx512_bf16 / AMX "
                                  "CPUs); refused where they are not")
+    if weights:
+        parser.add_argument("--weights", default="float", choices=("float", "int8", "int4"),
+                            help="the target's layer weights: float (default: as loaded, at --dtype), or int8 / int4 "
+                                 "weight-only quantized (CPU, bfloat16, dflash2's own Llama such as SmolLM2; int4 in "
+                                 "groups of 32, the grid of SmolLM2's Q4_1 GGUF); output is then exact against that "
+                                 "quantized target, not the float one")
 
 
 def add_recalibrate_argument(parser) -> None:

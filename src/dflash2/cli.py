@@ -139,7 +139,7 @@ def cmd_generate(args) -> int:
         require(args.prompt.strip() != "", "empty prompt: --prompt has no text")
     messages = read_messages(args.messages) if args.messages is not None else None
     plan = prepare_decoder(args.target, args.draft, args.device, args.dtype, args.no_draft, args.draft_dtype,
-                           args.speculate, args.proposer, exact_verify=args.exact_verify)
+                           args.speculate, args.proposer, exact_verify=args.exact_verify, weights=args.weights)
     chat = False if args.no_chat else None
     if messages is not None:
         ids = encode_messages(plan.tokenizer, messages, chat)

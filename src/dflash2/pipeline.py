@@ -28,6 +28,12 @@ Contract:
 - `implementation` (`auto` | `transformers`): the target's classes, as `targets.builtin.open_target`
   chooses them (dflash2's own Llama for SmolLM2 under `auto`; transformers' when asked, for
   Hugging Face `generate()`).
+- `weights` (`WEIGHTS`, default "float"): "int8" / "int4" run the target's layers on weight-only
+  quantized weights (`targets.quantized`; its LM head and embeddings stay as loaded), on the CPU
+  with bfloat16 activations and dflash2's own Llama only, each refused in one line before the
+  weights load (`check_weights`). The target is then the quantized model: plain decoding, every
+  proposer and the lossless checks all run against it (`Precision.weights` says so in headers and
+  results files).
 - `lattice` (default False): the draft's lattice's second path may be verified beside its path as
   a token tree (`decoding.loop.engine`), where the policy prices it as paying; False: the draft's path
   alone (measured faster on a 2-core CPU, BENCHMARKS.md section 1.3).
@@ -64,6 +70,7 @@ from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
 from dflash2.model.families import family_of, kind, load_draft, target_head
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape, target_text_config
+from dflash2.targets import llama, projections, quantized
 from dflash2.targets.builtin import (BUILTIN_TARGETS, TargetFiles, TargetShape, builtins_shaped, load_target_model,
                                      open_target)
 from dflash2.targets.chat import choose_mask_token, stop_token_ids
@@ -196,6 +203,8 @@ class DecoderPlan:
 
     def load(self) -> Pipeline:
         model = load_target_model(self.target, self.device, self.dtype)
+        if self.precision.weights != "float":
+            projections.set_weights(model, self.precision.weights)
         tokenizer = self.target.tokenizer
         stops = stop_token_ids(tokenizer, model.config)
         made = dict(precision=self.precision, target_files=self.target, device=self.device)
@@ -216,10 +225,37 @@ class DecoderPlan:
                         self.trained, **made)
 
 
+WEIGHTS = ("float",) + quantized.SCHEMES    # --weights: the target's layers as loaded, or quantized
+
+
+def check_weights(weights: str, device: str, precision: Precision, files: TargetFiles) -> None:
+    """Refuse, in one line and before any weights load, a `--weights` the run cannot honour."""
+    require(weights in WEIGHTS, f"--weights must be one of {', '.join(WEIGHTS)}, got '{weights}'")
+    if weights == "float":
+        return
+    require(device == "cpu", f"--weights {weights} runs torch's weight-only CPU kernels; the device is {device}")
+    require(precision.name == "bfloat16",
+            f"--weights {weights} computes with bfloat16 activations (its CPU kernels), and this run is "
+            f"{precision.describe()}; give --dtype bfloat16")
+    config = files.config
+    require(isinstance(config, llama.LlamaTargetConfig),
+            f"--weights {weights} quantizes dflash2's own Llama (SmolLM2 and other Llama targets); "
+            f"'{files.name}' runs transformers' {type(config).__name__.removesuffix('Config')} classes")
+    if weights == "int4":
+        heads = config.num_attention_heads * config.attention_head_dim
+        inputs = (config.hidden_size, config.intermediate_size, heads)
+        outputs = (heads + 2 * config.num_key_value_heads * config.attention_head_dim, 2 * config.intermediate_size,
+                   config.hidden_size)
+        require(all(n % quantized.INT4_GROUP == 0 for n in inputs) and all(n % 16 == 0 for n in outputs),
+                f"--weights int4 needs layer input sizes divisible by {quantized.INT4_GROUP} and output sizes by 16; "
+                f"'{files.name}' has inputs {inputs} and outputs {outputs}")
+
+
 def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: str = "cpu",
                     dtype: str = "auto", no_draft: bool = False, draft_dtype: str = "auto",
                     speculate: str = "auto", proposer: str | None = None,
-                    implementation: str = "auto", lattice: bool = False, exact_verify: bool = False) -> DecoderPlan:
+                    implementation: str = "auto", lattice: bool = False, exact_verify: bool = False,
+                    weights: str = "float") -> DecoderPlan:
     """Check the options, load the draft (refusing bad weights) and the target's config and
     tokenizer, and check that the draft fits the target: every input check that needs no target
     weights, so bad input fails in well under a second instead of after the target loads."""
@@ -235,6 +271,7 @@ def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: s
         proposer = None if no_draft else kinds.DEFAULT_PROPOSER
     no_draft = no_draft or proposer == "lookup"
     device, precision = settle(device, dtype)
+    precision = replace(precision, weights=weights)
     torch_dtype = precision.torch_dtype
     draft_torch_dtype = draft_dtype_for(draft_dtype, device, torch_dtype)
     draft_model, description, trained = None, "none (autoregressive)", False
@@ -242,6 +279,7 @@ def prepare_decoder(target: str = "smollm2", draft: str | None = None, device: s
         draft_model, description, trained = load_draft(draft, draft_torch_dtype), f"{draft}", True
         kinds.check_family(proposer, family_of(draft_model), "--proposer", f"--draft '{draft}'")
     files = open_target(target, implementation)
+    check_weights(weights, device, precision, files)
     if draft is None and proposer == "mtp":   # the target's own MTP head (Qwen3.5, Qwen3-Next checkpoints)
         draft_model = target_head(files, draft_torch_dtype)
         require(draft_model is not None, f"--proposer mtp: target '{target}' ships no MTP head (no mtp.* tensors); "
@@ -280,14 +318,14 @@ NO_DRAFT = _NoDraft()
 def load_decoder(target: str = "smollm2", draft: "str | _NoDraft | None" = None, device: str = "cpu",
                  dtype: str = "auto", no_draft: bool = False, draft_dtype: str = "auto",
                  speculate: str = "auto", proposer: str | None = None, implementation: str = "auto",
-                 lattice: bool = False, exact_verify: bool = False) -> Pipeline:
+                 lattice: bool = False, exact_verify: bool = False, weights: str = "float") -> Pipeline:
     """`draft`: a checkpoint directory; None, the shipped draft for a built-in target (an untrained
     one for other targets); `NO_DRAFT` (or `no_draft=True`), no draft at all. `implementation`:
     the target's classes (`targets.builtin.open_target`)."""
     if draft is NO_DRAFT:
         draft, no_draft = None, True
     return prepare_decoder(target, draft, device, dtype, no_draft, draft_dtype, speculate, proposer,
-                           implementation, lattice, exact_verify).load()
+                           implementation, lattice, exact_verify, weights).load()
 
 
 def tiny_pipeline(seed: int = 0, speculate: str = "auto", lattice: bool = False) -> Pipeline:
@@ -305,7 +343,10 @@ def tiny_pipeline(seed: int = 0, speculate: str = "auto", lattice: bool = False)
 def build_pipeline(model: ModelSettings) -> Pipeline:
     use_threads(model.threads)
     if model.tiny:
+        require(model.weights == "float", f"--weights {model.weights} quantizes dflash2's own Llama; --tiny runs "
+                                          "transformers' tiny Llama")
         torch.manual_seed(model.seed)
         return tiny_pipeline(model.seed, model.speculate, model.lattice)
     return load_decoder(model.target, model.draft, model.device, model.dtype, speculate=model.speculate,
-                        proposer=model.proposer, lattice=model.lattice, exact_verify=model.exact_verify)
+                        proposer=model.proposer, lattice=model.lattice, exact_verify=model.exact_verify,
+                        weights=model.weights)

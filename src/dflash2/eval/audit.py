@@ -19,7 +19,10 @@ Contract:
   only when a mismatch needs it. `Audit.to_dict()` is what results files and `--json` hold;
   `Audit.line()` says it in one line; `Audit.merged(others)` pools audits.
 - `reference_loader(pipeline)`: the callable for a pipeline: its own target when it runs at
-  float32, else the same weights loaded at float32 on its device (once, on first use).
+  float32, else the same weights loaded at float32 on its device (once, on first use); a target
+  run on quantized weights (`--weights int4`) is referred to those weights dequantized
+  (`targets.projections.dequantized_into`), since that target, not the float one, is what plain
+  decoding and speculation must agree on.
 """
 from __future__ import annotations
 
@@ -147,12 +150,16 @@ def audit(pairs: Iterable[tuple[list[int], list[int], list[int]]], reference: Ca
 def reference_loader(pipeline) -> Callable[[], Reference]:
     """See the contract: the pipeline's own target at float32, else its weights loaded at float32."""
     def load() -> Reference:
-        own = pipeline.decoder.target.model
-        if pipeline.precision.name == "float32" or pipeline.target_files is None:
+        own, weights = pipeline.decoder.target.model, pipeline.precision.weights
+        if (pipeline.precision.name == "float32" and weights == "float") or pipeline.target_files is None:
             return Reference(own)
         from dflash2.targets.builtin import load_target_model
+        from dflash2.targets.projections import dequantized_into
 
-        return Reference(load_target_model(pipeline.target_files, pipeline.device, torch.float32))
+        model = load_target_model(pipeline.target_files, pipeline.device, torch.float32)
+        if weights != "float":   # the quantized target's own weights, at float32
+            dequantized_into(model, weights, pipeline.precision.torch_dtype)
+        return Reference(model)
     cached: list[Reference] = []
 
     def once() -> Reference:

@@ -28,7 +28,9 @@ Per dataset and overall, at every concurrency, it reports:
 The target runs at `--dtype` (default `auto`: bfloat16 where the device computes it natively,
 `devices.resolve_precision`), recorded in the settings with why; the autoregressive baseline and
 the Hugging Face peers run at that same precision. Below float32 the plain decoder of the float32
-target is a reference row beside the peers (batch 1, `--no-reference` skips it).
+target is a reference row beside the peers (batch 1, `--no-reference` skips it). With `--weights
+int8|int4` the target is the quantized one throughout (plain decoding included), its float32
+reference is those quantized weights dequantized, and `--peers` (float weights) is refused.
 Runs are typed (`eval.bench_runs`): a `Side` is one decoder's runs at one batch size, a `PairRuns`
 one proposer's and the baseline's sides turn by turn, a `DatasetRun` a dataset's pairs at every
 concurrency for every proposer.
@@ -113,6 +115,9 @@ class BenchSettings:
         unknown = sorted(self.peers - set(PEER_NAMES))
         if unknown:
             raise DFlash2Error(f"unknown peer '{unknown[0]}' (choose from {', '.join(PEER_NAMES)})")
+        require(not (self.peers and self.model.weights != "float"),
+                f"--peers run the target's float weights, and --weights {self.model.weights} benchmarks a quantized "
+                "target; drop one of them")
         require(self.llama_threads is None or self.llama_threads > 0,
                 f"--llama-threads must be a positive integer, got {self.llama_threads}")
         if self.llama_cpp and self.peers & set(llama_peers.LLAMA_PEER_NAMES):

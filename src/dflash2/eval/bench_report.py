@@ -147,6 +147,8 @@ def _steal(results: dict) -> str:
 def _why(settings: dict) -> str:
     reason = settings.get("dtype_reason")
     exact = ", exact verify" if settings.get("exact_verify") else ""
+    weights = settings.get("weights", "float")
+    exact += "" if weights == "float" else f", {weights} weights"
     return f" ({reason}{exact})" if reason else exact
 
 

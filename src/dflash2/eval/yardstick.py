@@ -192,7 +192,7 @@ def parse_args(argv):
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice); "
                    "on a shared machine 1 thread can be far steadier")
-    add_device_arguments(p, exact_verify=False)
+    add_device_arguments(p, exact_verify=False, weights=False)
     add_recalibrate_argument(p)
     args = p.parse_args(argv)
     apply_recalibrate(args)

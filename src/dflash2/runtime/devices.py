@@ -17,7 +17,8 @@ Contract:
   models (Gemma, Qwen), where `auto` must never change what the target says; `--dtype float16`
   remains there to ask for. `Precision.name` is the torch name ("bfloat16"), `.reason` why
   (`auto: this CPU has avx512_bf16`), `.describe()` both in one phrase for headers, `.record()`
-  the dict saved in results files.
+  the dict saved in results files; `.weights` is how the target's layers keep their weights
+  ("float", or "int8" / "int4" with `--weights`, `targets.quantized`), in both.
 """
 from __future__ import annotations
 
@@ -124,16 +125,19 @@ class Precision:
     name: str            # the torch name: float32, bfloat16, float16
     requested: str       # what the user asked for: auto, or a name
     reason: str          # why this one
+    weights: str = "float"   # the target's layer weights: float (at `name`), int8 or int4
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.name]
 
     def describe(self) -> str:
-        return f"{self.name} ({self.reason})"
+        weights = "" if self.weights == "float" else f", {self.weights} weights"
+        return f"{self.name} ({self.reason}){weights}"
 
     def record(self) -> dict:
-        return {"dtype": self.name, "dtype_requested": self.requested, "dtype_reason": self.reason}
+        return {"dtype": self.name, "dtype_requested": self.requested, "dtype_reason": self.reason,
+                "weights": self.weights}
 
 
 def resolve_precision(dtype: str, device: str) -> Precision:

@@ -85,7 +85,7 @@ def parse_settings(argv: list[str]) -> ServeSettings:
     a = build_parser().parse_args(argv)
     settings = ServeSettings(
         target=a.target, draft=a.draft, no_draft=a.no_draft, device=check_device(a.device), dtype=a.dtype,
-        exact_verify=a.exact_verify,
+        exact_verify=a.exact_verify, weights=a.weights,
         draft_dtype=a.draft_dtype, speculate=a.speculate, proposer=a.proposer, tiny=a.tiny, host=a.host, port=a.port,
         model_name=a.model_name, max_batch=a.max_batch, max_queue=a.max_queue, retry_after_s=a.retry_after,
         api_key=a.api_key, drain_timeout_s=a.drain_timeout,
@@ -137,7 +137,7 @@ def load_pipeline(settings: ServeSettings):
 
         pipeline = load_decoder(settings.target, settings.draft, settings.device, settings.dtype, settings.no_draft,
                                 settings.draft_dtype, settings.speculate, settings.proposer,
-                                exact_verify=settings.exact_verify)
+                                exact_verify=settings.exact_verify, weights=settings.weights)
         pipeline.decoder.suffix_store = SuffixStore()   # lookup proposals from recent requests too (bounded)
     settle_heap()
     return pipeline

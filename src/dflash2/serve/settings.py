@@ -58,6 +58,7 @@ class ServeSettings:
     dtype: str = "auto"                      # devices.resolve_precision: bfloat16 where native, else float32
     draft_dtype: str = "auto"
     exact_verify: bool = False               # decoding.verifier.exact
+    weights: str = "float"                   # pipeline.check_weights: float, int8 or int4
     speculate: str = "auto"
     proposer: str | None = None              # draft | lookup | hybrid | mtp (None: the pipeline's default)
     tiny: bool = False                       # tiny random models (tests); see pipeline.tiny_pipeline

@@ -29,6 +29,10 @@ Contract:
   projections, does it in `_apply` and after every `load_state_dict`, in the module's `form`
   (`set_weights(model, form)` for every module of a model). Until the first refresh a fused call
   raises. Quantized projections take no gradients (targets are frozen).
+- `weights_of(model)` -> "int8" / "int4" when its layers are quantized, else "float" (what the
+  calibration key and results files record). `dequantized_into(model, scheme, dtype)` writes into a
+  float model's layers the weights a quantized copy of it multiplies by (`quantized.dequantize` of
+  each weight cast to `dtype`): the float32 reference of a quantized target (`eval.audit`).
 """
 from __future__ import annotations
 
@@ -158,3 +162,27 @@ def set_weights(model: nn.Module, form: str) -> None:
     for module in modules:
         module.form = form if module.quantizable or form not in quantized.SCHEMES else "packed"
         module.refresh_projections()
+
+
+def weights_of(model: nn.Module) -> str:
+    """The quantization scheme of `model`'s layers, or "float" (see the contract)."""
+    forms = {m.form for m in model.modules() if isinstance(m, Fusing) and m.quantizable}
+    scheme = forms & set(quantized.SCHEMES)
+    return scheme.pop() if scheme else "float"
+
+
+def dequantized_into(model: nn.Module, scheme: str, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+    """Replace each quantizable layer's weights of `model` (any float dtype) by the ones its
+    `scheme` copy at `dtype` multiplies by; the model stays in its own dtype and form."""
+    require(scheme in quantized.SCHEMES, f"weight quantization must be one of {', '.join(quantized.SCHEMES)}, got '{scheme}'")
+    with torch.no_grad():
+        for module in model.modules():
+            if not (isinstance(module, Fusing) and module.quantizable):
+                continue
+            for projection in module.projections():
+                for part in projection.parts:
+                    weight = part.weight.detach().to(dtype)
+                    quantized.check_supported(weight, scheme)
+                    part.weight.copy_(quantized.dequantize(weight, scheme).to(part.weight.dtype))
+            module.refresh_projections()
+    return model

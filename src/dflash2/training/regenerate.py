@@ -462,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice); "
                         "on a shared machine 1 thread can be far steadier")
-    add_device_arguments(parser)
+    add_device_arguments(parser, weights=False)
     return parser
 
 
