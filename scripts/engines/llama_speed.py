@@ -11,8 +11,8 @@ Per type (q4_1: the target's own GGUF; bf16 / f32: it dequantised, `export.gguf_
   ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache at n-max 7), interleaved, `--rounds` rounds,
   medians of each round's tokens/s; acceptance = accepted / drafted (llama.cpp's rate) and tokens
   per target pass;
-- dflash2's own tokens/s on the same prompts (float32 and bfloat16, plain and the whole block every
-  cycle, `--threads` torch threads), for comparison;
+- dflash2's own tokens/s on the same prompts (`--dflash2-rows`: float32, bfloat16 and bfloat16 with
+  `--weights int4`, plain and the whole block every cycle, `--threads` torch threads), for comparison;
 - the advice (`export.speculation_advice`) from these costs and dflash2's E(k) (float32 target and
   draft, `--dflash2-prompts` prompts, a block of k + 1 per n-max k), and whether its setting (or
   "do not speculate") is the fastest measured.
@@ -42,6 +42,8 @@ from dflash2.targets.builtin import BUILTIN_TARGETS
 
 NGRAM_MODES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 KINDS = {"q4_1": None, "bf16": "bfloat16", "f32": "float32"}
+# dflash2's own rows: (label, --dtype, --weights); int4 is the Q4_1 GGUF's grid (targets.quantized)
+DFLASH2_ROWS = (("float32", "float32", "float"), ("bfloat16", "bfloat16", "float"), ("int4", "bfloat16", "int4"))
 
 
 def log(message: str) -> None:
@@ -62,8 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ngram", default=",".join(NGRAM_MODES), help="n-gram modes to time ('' for none)")
     p.add_argument("--draft-dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="the draft's GGUF matrices (its norms and vectors stay F32)")
+    p.add_argument("--dflash2-rows", default=",".join(r[0] for r in DFLASH2_ROWS),
+                   help="dflash2's own rows to time: " + ", ".join(r[0] for r in DFLASH2_ROWS))
     p.add_argument("--reanalyse", default=None, help="a results.json: its advice and table again, no runs")
     args = p.parse_args(argv)
+    args.dflash2_rows = [r.strip() for r in args.dflash2_rows.split(",") if r.strip()]
+    unknown = set(args.dflash2_rows) - {r[0] for r in DFLASH2_ROWS}
+    if unknown:
+        p.error(f"--dflash2-rows: unknown row(s) {', '.join(sorted(unknown))}")
     if args.reanalyse:
         return reanalyse(Path(args.reanalyse))
     lc = llama_cpp.find_llama_cpp()
@@ -140,8 +148,10 @@ def dflash2_speed(shipped: Path, prompts: list[list[int]], args) -> dict:
     """dflash2's own tokens/s on the same prompts: plain and the draft's whole block every cycle, per
     precision, `--rounds` interleaved rounds (median); tau over the draft's cycles."""
     out = {}
-    for dtype in ("float32", "bfloat16"):
-        pipe = load_decoder("smollm2", str(shipped), dtype=dtype, draft_dtype=dtype, proposer="draft")
+    for row, dtype, weights in DFLASH2_ROWS:
+        if row not in args.dflash2_rows:
+            continue
+        pipe = load_decoder("smollm2", str(shipped), dtype=dtype, draft_dtype=dtype, proposer="draft", weights=weights)
         speeds = {"plain": [], "draft": []}
         tau = None
         for _ in range(args.rounds):
@@ -151,9 +161,9 @@ def dflash2_speed(shipped: Path, prompts: list[list[int]], args) -> dict:
                 speeds[label].append(sum(len(r.tokens) for r in runs) / (time.perf_counter() - start))
                 if draft is not None:
                     tau = sum(sum(r.stats.committed_per_cycle) for r in runs) / sum(r.stats.cycles for r in runs)
-        out[dtype] = {"plain": statistics.median(speeds["plain"]), "draft": statistics.median(speeds["draft"]),
-                      "tau": tau}
-        log(f"dflash2 {dtype}: {out[dtype]}")
+        out[row] = {"plain": statistics.median(speeds["plain"]), "draft": statistics.median(speeds["draft"]),
+                    "tau": tau}
+        log(f"dflash2 {row}: {out[row]}")
     return out
 
 
