@@ -27,6 +27,7 @@ from serve_util import reference, start_server_process, stream_tokens, tiny_serv
     (["--api-key", " "], "--api-key must not be empty"),
     (["--draft", "somewhere", "--no-draft"], "at most one of --draft and --no-draft"),
     (["--log-level", "loud"], "--log-level"),
+    (["--weights", "int2"], "--weights"),
     (["--per-request-spec-decode-metrics", "full"], "--per-request-spec-decode-metrics"),
     (["--bogus"], "unrecognized arguments"),
 ])
