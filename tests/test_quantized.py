@@ -73,3 +73,21 @@ def test_a_model_quantizes_its_layers_and_keeps_its_lm_head():
     with pytest.raises(DFlash2Error, match="bfloat16"):
         projections.set_weights(_tiny(torch.float32), "int8")
 
+
+
+@pytest.mark.parametrize("scheme", quantized.SCHEMES)
+def test_wide_passes_multiply_by_the_dequantized_weight(scheme):
+    """Up to QUANTIZED_ROWS rows a quantized projection runs the quantized kernel (every row the same
+    bits alone or among others); a wider pass (a prefill) multiplies by the same weight dequantised
+    in the activations' dtype, and agrees with the kernel up to that rounding."""
+    projection = _tiny(torch.bfloat16).model.layers[0].self_attn.qkv     # 64 inputs, 128 outputs
+    projection.refresh(scheme)
+    weight = projection.weight
+    assert torch.equal(projection.dequantized, quantized.dequantize(weight, scheme).to(torch.bfloat16))
+    x = torch.randn(projections.QUANTIZED_ROWS + 8, weight.shape[1], generator=torch.Generator().manual_seed(3))
+    x = x.to(torch.bfloat16)
+    narrow, wide = x[:projections.QUANTIZED_ROWS], x
+    assert torch.equal(projection(narrow), quantized.matmul(narrow, projection.quantized))
+    assert torch.equal(projection(wide), torch.nn.functional.linear(wide, projection.dequantized))
+    by_rows = torch.cat([projection(row[None]) for row in wide]).float()
+    assert torch.allclose(projection(wide).float(), by_rows, atol=0.05 * by_rows.abs().max().item())

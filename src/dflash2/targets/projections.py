@@ -9,8 +9,12 @@ Contract:
   memory), so each output is still its own weight row's dot product with x, and keeps the weight
   in a `form` (`FORMATS`) besides: "packed" (CPU only: oneDNN's layout, `PACKED_ROWS_HINT` the
   pass size it is laid out for; one more copy of the weight), "plain" (nothing more), or "int8" /
-  "int4" (`targets.quantized`: every pass, prefills included, then multiplies by the quantized
-  weight; a quantized target, not the float one).
+  "int4" (`targets.quantized`: a quantized target, not the float one; passes of up to
+  `QUANTIZED_ROWS` rows, every decoding step and verify pass of a small batch and every product
+  under `--exact-verify`, multiply by the quantized weight, whose kernel gives each row the same
+  bits alone or among others; wider passes, prefills and wide batches, by its dequantized copy in
+  the activations' dtype: the quantized kernel's time grows with the rows, 13x the bf16 kernel's
+  at 300 rows, where a prefill is compute-bound. One more copy of the weight).
 - Which kernel a call runs (`kernel(rows, dtype, packed)`, a pure function of the pass):
   * more than `FUSED_ROWS` rows (prefills, big batches; compute-bound), a call under autocast, or a grad-enabled call
     with trainable parts: the parts one by one, `F.linear` each: transformers' own arithmetic;
@@ -44,6 +48,7 @@ from dflash2.errors import require
 from dflash2.targets import quantized
 
 FUSED_ROWS = 128                  # passes up to this many rows (batch x tokens) run fused / packed
+QUANTIZED_ROWS = 32               # quantized weights: passes up to this many rows run the quantized kernel
 SAME_BITS_ROWS = 32               # bfloat16: packed and `F.linear` agree bit for bit up to here
 PACKED_ROWS_HINT = {torch.bfloat16: 1, torch.float32: 8}   # oneDNN layout hint: the passes it serves
 
@@ -86,7 +91,7 @@ class Projection:
         the weight in `form` (`FORMATS`) besides: prepacked, or quantized. `share=False` leaves the
         parts' parameters as they are and keeps a copy instead (modules that train: their
         optimisers hold those parameters)."""
-        self.packed = self.quantized = None
+        self.packed = self.quantized = self.dequantized = None
         if any(p.weight.is_meta for p in self.parts):
             self.weight = None                          # built on the meta device: weights come later
             return
@@ -103,13 +108,16 @@ class Projection:
         self.weight = weight
         if form in quantized.SCHEMES:
             self.quantized = quantized.quantize(weight, form)
+            self.dequantized = quantized.dequantize(weight, form).to(weight.dtype)     # [sum(out), in]
         elif form == "packed" and weight.dtype in PACKED_ROWS_HINT and can_pack(weight):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_ROWS_HINT[weight.dtype])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.quantized is not None:                  # every pass: the model is the quantized one
-            return quantized.matmul(x, self.quantized)
         rows = x.numel() // x.shape[-1]
+        if self.quantized is not None:                  # every pass: the model is the quantized one
+            if rows <= QUANTIZED_ROWS:
+                return quantized.matmul(x, self.quantized)
+            return F.linear(x, self.dequantized)
         choice = kernel(rows, x.dtype, self.packed is not None)
         if (choice == PARTS or (torch.is_grad_enabled() and self.parts[0].weight.requires_grad)
                 or torch.is_autocast_enabled(x.device.type)):   # autocast casts per op: F.linear's rule
