@@ -236,7 +236,7 @@ def check_weights(weights: str, device: str, precision: Precision, files: Target
     require(device == "cpu", f"--weights {weights} runs torch's weight-only CPU kernels; the device is {device}")
     require(precision.name == "bfloat16",
             f"--weights {weights} computes with bfloat16 activations (its CPU kernels), and this run is "
-            f"{precision.describe()}; give --dtype bfloat16")
+            f"{precision.name} ({precision.reason}); give --dtype bfloat16")
     config = files.config
     require(isinstance(config, llama.LlamaTargetConfig),
             f"--weights {weights} quantizes dflash2's own Llama (SmolLM2 and other Llama targets); "

@@ -33,8 +33,7 @@ Contract:
   projections, does it in `_apply` and after every `load_state_dict`, in the module's `form`
   (`set_weights(model, form)` for every module of a model). Until the first refresh a fused call
   raises. Quantized projections take no gradients (targets are frozen).
-- `weights_of(model)` -> "int8" / "int4" when its layers are quantized, else "float" (what the
-  calibration key and results files record). `dequantized_into(model, scheme, dtype)` writes into a
+- `weights_of(model)` -> "int8" / "int4" when its layers are quantized, else "float". `dequantized_into(model, scheme, dtype)` writes into a
   float model's layers the weights a quantized copy of it multiplies by (`quantized.dequantize` of
   each weight cast to `dtype`): the float32 reference of a quantized target (`eval.audit`).
 """
