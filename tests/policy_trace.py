@@ -6,7 +6,9 @@ as long as it makes the same choices).
 
 `policy_trace()` -> one list of cycle tuples per scenario (`SCENARIOS`). The recorded trace is
 tests/fixtures/policy_trace.json.gz (the policy as a pure chooser and one learner, recorded again
-when hybrid's outlook of the draft became a slow average: the hybrid scenarios changed, no other);
+when hybrid's outlook of the draft became a slow average: the hybrid scenarios changed, no other;
+then when the draft alone in a batch came to skip its pass where a plain step pays more:
+draft-b2-weak-sampled and draft-b4-sampled changed, no other);
 test_policy_trace.py compares. Re-record it only for a deliberate change of behaviour, measured. `cycle_of(record, plan_draft,
 fallback_left)` is the tuple one cycle leaves (also used for traces of whole decodes,
 scripts/decode_trace.py).

@@ -173,22 +173,44 @@ def test_a_probe_is_optimistic_and_one_rejected_block_is_weak_evidence():
 def test_a_probe_that_cannot_pay_even_optimistically_verifies_nothing():
     """At batch 32 a verified token costs nearly a plain step: a weak draft's probe verifies nothing
     (the draft pass its only cost) instead of verifying drafts to learn what the bound already says;
-    three such cycles lost 0.9 of a plain step each, and the draft pass stops for what they lost."""
+    once the draft's usual yield is known to lose against a plain step of the batch, the draft pass
+    is skipped (and retried after the skip back-off), before the fallback's verdict."""
     costs = CostModel()
     for q, s in ((1, 0.170), (2, 0.320), (4, 0.520), (8, 0.750)):
         costs.observe_verify(32, q, s)
     costs.observe_draft(32, 0.150)
     policy = SpeculationPolicy("auto", costs)
-    lefts = []
-    for n in range(3):
+    for n in range(2):
         plan = _plan(policy, 32)
         assert plan.draft and plan.probe == (n == 0)
         offer = Offer([True] * 32, [[0.45] * 7] * 32)
         choice = plan.choose(offer)
         assert choice.k == 0 and not policy.fallback.waiting             # nothing verified, and no verdict yet
         policy.observe(CycleRecord(32, offer, plan, choice, True, [0] * 32, [0] * 32, 1, 0.150, 0.170))
-        lefts.append(policy.fallback.left)
-    assert lefts == [0, 0, math.ceil(3 * 0.150 / (0.02 * 0.170))]       # lost: the three draft passes
+    plan = _plan(policy, 32)
+    assert not plan.draft and not plan.fallback and plan.skips.waiting    # skipped: a plain step pays more
+    policy.observe(CycleRecord(32, Offer([False] * 32, None), plan, plan.choose(Offer([False] * 32, None)),
+                               False, [0] * 32, [0] * 32, 1, 0.0, 0.170))
+    assert policy.draft_skips.waiting and not _plan(policy, 32).draft
+
+
+def test_a_batch_drafts_only_where_the_draft_beats_a_plain_step():
+    """In a batch the draft pass runs only while the draft's usual yield beats a plain step of the
+    batch (a verified token costs nearly a plain step here, and the draft's proposals verify nothing);
+    alone (b == 1) the draft keeps running where lookup offers nothing, and the fallback judges it."""
+    def drafts_after_two_weak_cycles(b):
+        costs = CostModel()
+        for q, s in ((1, 0.030), (2, 0.055), (4, 0.100), (8, 0.190)):
+            costs.observe_verify(b, q, s)
+        costs.observe_draft(b, 0.020)
+        policy = SpeculationPolicy("auto", costs)
+        for _ in range(2):                                                # the probe, then one draft cycle
+            plan = _plan(policy, b)
+            offer = Offer([True] * b, [[0.45] * 7] * b)
+            choice = plan.choose(offer)
+            policy.observe(CycleRecord(b, offer, plan, choice, True, [0] * b, [0] * b, 1, 0.020, 0.030))
+        return _plan(policy, b).draft
+    assert not drafts_after_two_weak_cycles(8) and drafts_after_two_weak_cycles(1)
 
 
 def test_fresh_keeps_the_machine_and_forgets_the_draft():

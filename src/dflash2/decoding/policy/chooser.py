@@ -7,7 +7,8 @@ k + 1) + t_host), trees priced by their nodes (a fixed batch, `Offer.remaining`:
 time saved per second). A probe takes acceptances and costs at their optimistic bounds; a draft
 block that does not pay is verified without the draft's tokens; lookup alone is chosen at its mean,
 and what only its optimistic bound would verify is probed as the exploration `budget` allows.
-`worth_drafting(...)`: whether the draft pass, at its usual yield, would beat lookup alone.
+`worth_drafting(...)`: whether the draft pass, at its usual yield, would beat what the cycle has
+without it: lookup alone, or in a batch a plain step.
 """
 from __future__ import annotations
 
@@ -195,17 +196,19 @@ def choose(tables: Tables, costs: CostModel, settings: Settings, b: int, block: 
 
 def worth_drafting(tables: Tables, costs: CostModel, b: int, block: int, offer: Offer,
                    outlook: tuple[float, float] | None, skips: Backoff) -> tuple[bool, Backoff | None]:
-    """(run the draft pass, the skipped-draft back-off after this cycle or None: unchanged); the draft's
-    first probe waits for a row lookup leaves uncovered."""
-    if offer.lookup is None:
+    """(run the draft pass, the skipped-draft back-off after this cycle or None: unchanged): whether the
+    draft, at its usual yield, beats what the cycle has without it: lookup's proposals, or in a batch a
+    plain step (its rows share a pass, and a draft cycle that only ties with a plain step loses once
+    rows finish: BENCHMARKS.md §2.3); the draft's first probe waits for a row lookup leaves uncovered."""
+    if offer.lookup is None and b == 1:
         return True, None
     pricing = Pricing(costs, b, remaining=offer.remaining)
-    lookup = expectations(tables, offer)
+    lookup = expectations(tables, offer) if offer.lookup is not None else {}
     alone = best(pricing, lookup, block - 1, drafted=False)
     if outlook is None:
-        return not all(alone.sources), None
+        return offer.lookup is None or not all(alone.sources), None
     k, per_row = round(outlook[0]), outlook[1]
-    mixed = [max(per_row, row[min(k, len(row) - 1)]) for row in lookup["lookup"]]
+    mixed = [max(per_row, row[min(k, len(row) - 1)]) for row in lookup.get("lookup", [[1.0]] * b)]
     if pricing.rate(mixed, pricing.cycle(k, True)) > alone.rate:
         return True, skips.cancel()
     skips = (skips if skips.waiting else skips.wait()).tick()   # the outlook ages: a pass now and then renews it
