@@ -14,6 +14,10 @@ tests/fixtures/decode_trace.json.gz, is main at 2d7a917 (hybrid's outlook of the
 average: the hybrid decodes changed, the draft and lookup ones are as recorded at 807cc69): re-record
 it, from an unchanged tree, when the model or the decoder's tokens change or the policy's behaviour
 changes on purpose (measured), never to make a refactor pass. A few minutes on one CPU thread.
+The decodes run at the default precision (bfloat16 where the CPU has it), whose tokens depend on
+the CPU's kernels: the fixture was recorded on an Intel Xeon with AMX, and on an AMD EPYC without
+AMX every decode differs from it. On another machine, compare a change against a trace of its base
+made on the same machine (`--out` from each, then `--check` one against the other).
 """
 from __future__ import annotations
 
