@@ -299,8 +299,9 @@ def test_the_shipped_draft_packed_proposes_the_same_in_bfloat16(smollm2_cache):
     """The shipped draft on SmolLM2's own features of eight chat prompts: alone, the modules' own
     tokens (a prompt's 35-60 context rows project on the packed kernel, which rounds its own way
     there, so the confidences may differ in their last bits); as one batch, each row what it
-    proposes alone, which the modules' own matmuls do not give (their rounding changes with the
-    batch's size)."""
+    proposes alone, which the modules' own matmuls do not always give: on the Intel Xeon with AMX
+    their rounding changes with the batch's size (7 of 8 rows differed), on an AMD EPYC without AMX
+    it does not, so only the packed kernel's invariance is asserted."""
     from dflash2.pipeline import load_decoder
     from dflash2.targets.chat import encode_prompt
 
@@ -325,16 +326,11 @@ def test_the_shipped_draft_packed_proposes_the_same_in_bfloat16(smollm2_cache):
         assert torch.equal(tokens[0], tokens[1])
     _, features = adapter.prefill(ids)
     anchors, start = torch.tensor([p[-1] for p in ids]), adapter.next_position.clone()
-    differ = {}
-    for name, draft in (("packed", packed), ("plain", plain)):
-        proposer = DraftProposer(draft)
-        proposer.add_rows(features, adapter.mask)
-        whole = proposer.propose(anchors, start, draft.config.block_size)
-        differ[name] = 0
-        for r in range(len(ids)):
-            alone = copy.copy(proposer)
-            alone.select_rows(torch.tensor([r]))
-            one = alone.propose(anchors[r:r + 1], start[r:r + 1], draft.config.block_size)
-            differ[name] += not (torch.equal(one.tokens, whole.tokens[r:r + 1])
-                                 and torch.equal(one.confidence, whole.confidence[r:r + 1]))
-    assert differ["packed"] == 0 and differ["plain"] > 0
+    proposer = DraftProposer(packed)
+    proposer.add_rows(features, adapter.mask)
+    whole = proposer.propose(anchors, start, packed.config.block_size)
+    for r in range(len(ids)):
+        alone = copy.copy(proposer)
+        alone.select_rows(torch.tensor([r]))
+        one = alone.propose(anchors[r:r + 1], start[r:r + 1], packed.config.block_size)
+        assert torch.equal(one.tokens, whole.tokens[r:r + 1]) and torch.equal(one.confidence, whole.confidence[r:r + 1])
