@@ -21,8 +21,9 @@ Contract:
   * bfloat16 with a packed weight: the packed kernel, 1.35x faster for a step here. oneDNN runs
     `F.linear` too: up to `SAME_BITS_ROWS` rows the two give the same bits; beyond, `F.linear`
     switches algorithms and stops being row-invariant, while the packed kernel stays so up to
-    `FUSED_ROWS` (a verify pass's rows get the one-row step's bits; tests/test_projections.py
-    checks both per shape);
+    `FUSED_ROWS` on CPUs with AMX (a verify pass's rows get the one-row step's bits;
+    tests/test_projections.py checks both per shape; on an AMD EPYC without AMX the 1536-wide
+    down projection's rows round otherwise among 24);
   * float32, one row (the plain step): `F.linear` on the fused weight, the same bits as the parts'
     (MKL) — plain decoding at float32 is what it was;
   * float32, several rows (verify passes) with a packed weight: the packed kernel (1.4x faster at 8
