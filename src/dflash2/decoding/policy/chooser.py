@@ -203,12 +203,13 @@ def worth_drafting(tables: Tables, costs: CostModel, b: int, block: int, offer: 
     if offer.lookup is None and b == 1:
         return True, None
     pricing = Pricing(costs, b, remaining=offer.remaining)
-    lookup = expectations(tables, offer) if offer.lookup is not None else {}
+    lookup = expectations(tables, offer)                      # {} where lookup offers nothing
     alone = best(pricing, lookup, block - 1, drafted=False)
     if outlook is None:
         return offer.lookup is None or not all(alone.sources), None
     k, per_row = round(outlook[0]), outlook[1]
-    mixed = [max(per_row, row[min(k, len(row) - 1)]) for row in lookup.get("lookup", [[1.0]] * b)]
+    offered = lookup.get("lookup", [[1.0]] * b)                 # a row offered nothing commits its one token
+    mixed = [max(per_row, row[min(k, len(row) - 1)]) for row in offered]
     if pricing.rate(mixed, pricing.cycle(k, True)) > alone.rate:
         return True, skips.cancel()
     skips = (skips if skips.waiting else skips.wait()).tick()   # the outlook ages: a pass now and then renews it
