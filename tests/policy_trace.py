@@ -115,13 +115,11 @@ class World:
 
 
 class MemoryStore:
-    """What the engine's stored calibration does after every cycle (`StoredCalibration.refresh`), in memory."""
+    """The engine's stored calibration (`files.calibration.StoredCalibration`), kept nowhere: the policy
+    still adopts what it observed in place of a calibration that proves stale."""
 
-    def refresh(self, costs: CostModel) -> bool:
-        if costs.stale():
-            costs.adopt_observed()
-            return True
-        return False
+    def write(self, table) -> None:
+        pass
 
 
 def _g(x: float) -> float:

@@ -7,7 +7,9 @@ pass computes in it (the float32 LM head, `--exact-verify`'s attention, `--weigh
 `read_calibration(path)` -> ({(b, q): seconds}, measured_at), or None: nothing stored, unreadable,
 another format, older than `MAX_AGE_S`, or without both a plain step (q = 1) and a wider pass (such
 figures could not weigh speculation against plain decoding). `write_calibration(path, table,
-measured_at)` writes atomically; a read-only or full cache is passed over.
+measured_at)` writes atomically; a read-only or full cache is passed over. `StoredCalibration.of(target,
+block)`: that file and when its figures were measured; `read()` (nothing under `--recalibrate`),
+`write(table)`.
 """
 from __future__ import annotations
 
@@ -15,12 +17,13 @@ import hashlib
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from dflash2.files.atomic import atomic_write
-from dflash2.files.cache import cache_dir
+from dflash2.files.cache import RECALIBRATE_ENV, cache_dir
 from dflash2.runtime.provenance import cpu_model
 
 MAX_AGE_S = 7 * 24 * 3600        # a stored calibration older than this is measured again
@@ -69,3 +72,24 @@ def write_calibration(path: Path, table: Table, measured_at: float) -> None:
             json.dump(record, handle)
     except OSError:
         pass  # a read-only or full cache: the figures still serve this run
+
+
+@dataclass
+class StoredCalibration:
+    path: Path
+    measured_at: float = 0.0    # when the start-up measurement ran (time.time())
+
+    @classmethod
+    def of(cls, target, block: int) -> StoredCalibration:
+        return cls(calibration_path(target, block), time.time())
+
+    def read(self) -> Table:
+        """The stored figures, {} where none serve (or `RECALIBRATE_ENV` asks for new ones)."""
+        stored = read_calibration(self.path) if os.environ.get(RECALIBRATE_ENV) != "1" else None
+        if stored is None:
+            return {}
+        table, self.measured_at = stored
+        return table
+
+    def write(self, table: Table) -> None:
+        write_calibration(self.path, table, self.measured_at)

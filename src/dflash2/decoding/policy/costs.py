@@ -2,24 +2,14 @@
 and the host work around them, in seconds.
 
 Contract: verify figures are calibrated at start-up (`calibrate`: one-row passes of 1, block, 4 and
-16 x block tokens; `calibrate_cached`: stored per machine and target, `files.calibration`) or
-observed (`observe_verify`: a moving average per (b, q) that overrides the calibration; every
-observed time, the draft's and the host's too, enters its average at most `SPIKE` x the average).
+16 x block tokens, stored per machine and target by the policy, `files.calibration`) or observed
+(`observe_verify`: a moving average per (b, q) that overrides the calibration; every observed time,
+the draft's and the host's too, enters its average at most `SPIKE` x the average).
 `verify(b, q)`: that figure, else linear in q between figures at batch b, else the token curve
 (piecewise linear in n = b * q) scaled to the nearest figure at batch b. When the observed figures
-contradict the calibration (`stale()`), the stored one's `refresh(costs)` replaces it with them.
+contradict the calibration (`stale()`), `adopt_observed()` makes them the calibration.
 """
 from __future__ import annotations
-
-import os
-import time
-from dataclasses import dataclass
-from pathlib import Path
-
-import torch
-
-from dflash2.files.cache import RECALIBRATE_ENV
-from dflash2.files.calibration import calibration_path, read_calibration, write_calibration
 
 EMA = 0.2                       # the weight of a new figure in a moving average (`averaged`)
 SPIKE, SPIKE_S = 1.5, 0.001     # an observed time counts at most this multiple of its running figure (or 1 ms
@@ -48,7 +38,7 @@ class CostModel:
         self.observed_n: dict[tuple[int, int], int] = {}
         self.draft_s: dict[int, float] = {}
         self.host_s: dict[tuple[int, bool], float] = {}
-        self.store = None       # where the calibration is stored (`StoredCalibration`), if anywhere
+        self.store = None       # where the calibration is stored (`files.calibration.StoredCalibration`)
 
     @property
     def verify_s(self) -> VerifyTable:
@@ -76,21 +66,11 @@ class CostModel:
         self.calibrated_s.update(table)
 
     def calibrate(self, target, block: int) -> None:
-        """On a dummy context, the fastest of `CALIBRATION_REPEATS` passes a size (a first pass is cold)."""
+        """One-row passes of 1 and `CALIBRATION_SIZES` x block tokens (`TargetAdapter.time_passes`)."""
         room = target.max_positions - CALIBRATION_CONTEXT
         sizes = [1] + [block * m for m in CALIBRATION_SIZES if block * m <= room]
-        with target.aside():
-            vocab = target.vocab_size
-            target.prefill([[(7 * i + 3) % vocab for i in range(CALIBRATION_CONTEXT)]])
-            for q in sizes * CALIBRATION_REPEATS:
-                ids = torch.full((1, q), 5 % vocab, dtype=torch.long, device=target.device)
-                start = time.perf_counter()
-                target.step(ids)
-                if target.device.type == "cuda":
-                    torch.cuda.synchronize()
-                seconds = time.perf_counter() - start
-                self.calibrated_s[(1, q)] = min(seconds, self.calibrated_s.get((1, q), seconds))
-                target.keep(torch.zeros(1, dtype=torch.long), q)
+        for q, seconds in target.time_passes(sizes, CALIBRATION_CONTEXT, CALIBRATION_REPEATS).items():
+            self.calibrated_s[(1, q)] = min(seconds, self.calibrated_s.get((1, q), seconds))
 
     def stale(self) -> bool:
         """A (b, q) observed `STALE_SAMPLES` times at a calibrated batch size is off the calibration by
@@ -160,28 +140,3 @@ def _nearest(table: dict[int, float], b: int) -> float:
         return 0.0
     nearest = min(table, key=lambda bb: abs(bb - b))
     return table[nearest] * (b / nearest if nearest > b else 1.0)
-
-
-@dataclass
-class StoredCalibration:
-    path: Path
-    measured_at: float          # when the start-up measurement ran (time.time())
-
-    def refresh(self, costs: CostModel) -> bool:
-        """Store what this run observed in place of a calibration it contradicts; True if it did."""
-        if not costs.stale():
-            return False
-        write_calibration(self.path, costs.adopt_observed(), self.measured_at)
-        return True
-
-
-def calibrate_cached(costs: CostModel, target, block: int) -> StoredCalibration:
-    path = calibration_path(target, block)
-    stored = read_calibration(path) if os.environ.get(RECALIBRATE_ENV) != "1" else None
-    costs.load_calibration(stored[0] if stored else {})
-    if stored and costs.calibrated:
-        return StoredCalibration(path, stored[1])
-    costs.calibrate(target, block)
-    store = StoredCalibration(path, time.time())
-    write_calibration(path, costs.calibrated_s, store.measured_at)
-    return store

@@ -18,9 +18,10 @@ from functools import partial
 
 from dflash2.decoding.policy.chooser import (SPECULATE_MODES, Pricing, Settings, Tables, choose, unmeasured,
                                              worth_drafting)
-from dflash2.decoding.policy.costs import CostModel, averaged, calibrate_cached
+from dflash2.decoding.policy.costs import CostModel, averaged
 from dflash2.decoding.policy.cycle import LATTICE, Backoff, CyclePlan, CycleRecord, Offer
 from dflash2.decoding.policy.expectation import AcceptanceModel
+from dflash2.files.calibration import StoredCalibration
 
 DRAFT_SCALE_WEIGHT = 8.0   # the draft's confidence is a trained model's probability: its table-wide calibration
                            # moves only as evidence worth 8 reached tokens says (lookup's heuristic one: 2)
@@ -83,10 +84,16 @@ class SpeculationPolicy:
         return SpeculationPolicy(costs=self.costs, **asdict(self.settings))
 
     def calibrate(self, target, block: int) -> bool:
-        """The cost model's start-up figures, once (True: measured or read now; not a cycle's time)."""
+        """The cost model's start-up figures, once: stored for this machine and target, else measured and
+        stored (True: read or measured now; not a cycle's time)."""
         if self.mode != "auto" or self.costs.calibrated or block < 2:
             return False
-        self.costs.store = calibrate_cached(self.costs, target, block)
+        store = StoredCalibration.of(target, block)
+        self.costs.load_calibration(store.read())
+        if not self.costs.calibrated:
+            self.costs.calibrate(target, block)
+            store.write(self.costs.calibrated_s)
+        self.costs.store = store
         return True
 
     def prepare(self, b: int, offer: Offer, block: int, can_draft: bool = True) -> CyclePlan:
@@ -128,8 +135,8 @@ class SpeculationPolicy:
         self._calibrate_tables(record)
         if record.drafted and self.mode == "auto":
             self._weigh(record)
-        if self.costs.store is not None:     # what this run measures replaces a stale stored calibration
-            self.costs.store.refresh(self.costs)
+        if self.costs.store is not None and self.costs.stale():   # what this run measures replaces
+            self.costs.store.write(self.costs.adopt_observed())    # a stored calibration it contradicts
 
     def _calibrate_tables(self, record: CycleRecord) -> None:
         offer, choice, offered = record.offer, record.choice, dict(record.offer.sources())

@@ -33,8 +33,9 @@ Contract:
   remaining row uses (full-attention layers), so a batch that keeps admitting rows stays as wide
   as its longest live row, not as the longest row it ever held.
 - `verify(ids, tree)`: `step(ids)`, or `step_tree` for a `tree.TokenTree`.
-- `aside()`: a context in which the adapter may run a batch of its own (the cost model's
-  start-up timing) and after which the running batch is back as it was. `claim(session)`: the
+- `aside()`: a context in which the adapter may run a batch of its own and after which the
+  running batch is back as it was; `time_passes(sizes)`: the fastest of a few one-row passes of
+  each size on a dummy context, aside (the cost model's start-up figures). `claim(session)`: the
   batch is one session's at a time (decoders over one adapter share it); another session's claim
   is refused while the holder still has rows, and `reset()` frees it.
 - `features(input_ids, attention_mask)` is the cache-free pass used by training.
@@ -47,6 +48,8 @@ Contract:
 from __future__ import annotations
 
 import contextlib
+import math
+import time
 import weakref
 
 import torch
@@ -368,3 +371,19 @@ class TargetAdapter:
             yield self
         finally:
             self.cache, self.mask, self.next_position, self.recurrent, self.holes = saved
+
+    def time_passes(self, sizes: list[int], context: int = 32, repeats: int = 2) -> dict[int, float]:
+        """{q: seconds}, the fastest of `repeats` passes of q tokens (one row) on a dummy context of
+        `context` tokens (a first pass is cold), with the running batch set aside."""
+        out: dict[int, float] = {}
+        with self.aside():
+            self.prefill([[(7 * i + 3) % self.vocab_size for i in range(context)]])
+            for q in sizes * repeats:
+                ids = torch.full((1, q), 5 % self.vocab_size, dtype=torch.long, device=self.device)
+                start = time.perf_counter()
+                self.step(ids)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()
+                out[q] = min(time.perf_counter() - start, out.get(q, math.inf))
+                self.keep(torch.zeros(1, dtype=torch.long), q)
+        return out
