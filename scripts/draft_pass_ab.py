@@ -1,8 +1,8 @@
 """Paired timing of the draft pass against a plain target step, in one process.
 
 Usage: PYTHONPATH=src python scripts/draft_pass_ab.py [--dtype bfloat16] [--threads 1] [--rounds 40]
-       [--sizes 0,16384,8192] [--batch 1] [--before REV] [--draft DIR] [--data DIR ...] [--clock cpu|wall]
-       [--profile]
+       [--sizes 0,16384,8192] [--forms int8,int4] [--batch 1] [--before REV] [--draft DIR] [--data DIR ...]
+       [--clock cpu|wall] [--profile]
 
 One target (smollm2) at `--dtype` and the draft in the same dtype, one chat prompt prefilled in
 `--batch` rows (every pass below then runs that many rows).
@@ -11,6 +11,9 @@ whole block (8 tokens, rolled back) and one draft pass (`DraftProposer.propose`:
 path selector) per variant:
 - `V=N`: this checkout's draft with a frequency-ranked draft vocabulary of N tokens (0: the draft's
   own vocabulary), built in memory from `--data` as `python -m dflash2.training.revocab` does;
+- `FORM`: with `--forms int8,int4`, a copy of this checkout's draft whose inference copies of its
+  projections (`model.packing`) are weight-only quantized (`targets.quantized`) instead of oneDNN's
+  packed bfloat16 layout (a draft's proposals only: verification is untouched);
 - `before`: with `--before REV`, the draft pass of commit REV (its `dflash2` package exported by
   `git archive` and imported under another name; the flat layout before issue 43 or the current
   one), same weights, the checkpoint's own vocabulary.
@@ -22,6 +25,7 @@ its count of operations (top-level, in all, matmuls) per call.
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import io
 import re
@@ -37,6 +41,7 @@ import torch
 
 from dflash2.decoding.proposers.draft import DraftProposer
 from dflash2.decoding.loop.timing import Stopwatch
+from dflash2.model import packing
 from dflash2.pipeline import load_decoder, shipped_draft_path
 from dflash2.targets.chat import encode_prompt
 from dflash2.training.revocab import response_sequences, revocabulary
@@ -78,6 +83,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--sizes", default="0,16384,8192")
+    parser.add_argument("--forms", default="", help="quantized forms of the draft's projections to time beside")
     parser.add_argument("--batch", type=int, default=1, help="rows of the prompt prefilled")
     parser.add_argument("--before", default=None, help="a git revision whose draft pass to time beside")
     parser.add_argument("--draft", default=None, help="draft directory (default: the shipped one)")
@@ -102,6 +108,14 @@ def main() -> None:
         other.to(dtype).bind_target(embed, head)
         variants[f"V={size or draft.config.draft_vocab_size or draft.config.vocab_size}"] = DraftProposer(other, Stopwatch(None))
     draft.to(dtype)
+    for form in [f for f in args.forms.split(",") if f]:
+        other, packed_form = copy.deepcopy(draft), packing.default_form
+        packing.default_form = lambda weight: form            # only while this copy packs its projections
+        try:
+            other.pack()
+        finally:
+            packing.default_form = packed_form
+        variants[form] = DraftProposer(other, Stopwatch(None))
     if args.before:
         name = before_package(args.before, Path(tempfile.mkdtemp(prefix="draft-before-")))
         old_draft = importlib.import_module(f"{name}.model.draft").DFlash2DraftModel
