@@ -12,7 +12,7 @@ path selector) per variant:
 - `V=N`: this checkout's draft with a frequency-ranked draft vocabulary of N tokens (0: the draft's
   own vocabulary), built in memory from `--data` as `python -m dflash2.training.revocab` does;
 - `FORM`: with `--forms int8,int4`, a copy of this checkout's draft whose inference copies of its
-  projections (`model.packing`) are weight-only quantized (`targets.quantized`) instead of oneDNN's
+  projections (`model.packing`) are weight-only quantized (`model.quantized`) instead of oneDNN's
   packed bfloat16 layout (a draft's proposals only: verification is untouched);
 - `before`: with `--before REV`, the draft pass of commit REV (its `dflash2` package exported by
   `git archive` and imported under another name; the flat layout before issue 43 or the current

@@ -1,4 +1,4 @@
-"""The built-in Llama's fused / packed projections (`targets.projections`) compute what the separate
+"""The built-in Llama's fused / packed projections (`model.projections`) compute what the separate
 linear layers compute: the same bits where the contract says so (every pass at bfloat16, the
 one-row step at float32), rounding only elsewhere; the parts keep their names and storage; casts,
 reloads and gradients still reach them."""
@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash2.runtime.devices import cpu_flags
-from dflash2.targets import llama, projections
-from dflash2.targets.projections import FUSED, PACKED, PARTS, Projection, kernel
+from dflash2.model import projections
+from dflash2.targets import llama
+from dflash2.model.projections import FUSED, PACKED, PARTS, Projection, kernel
 
 # the built-in target's projections (SmolLM2-135M): Q/K/V, gate/up, down, and an LM head's width
 SHAPES = {"qkv": (576, [576, 192, 192]), "gate_up": (576, [1536, 1536]), "down": (1536, [576]),
@@ -153,7 +154,7 @@ def test_gradients_reach_the_parts():
 
 def test_stepbench_times_both_variants_and_compares_their_logits(smollm2_cache, tmp_path, capsys):
     """`python -m dflash2.tools.profile.stepbench`: a row per dtype and pass size, the packed and
-    plain forms' logits bit for bit equal at bfloat16 (the contract of `targets.projections`)."""
+    plain forms' logits bit for bit equal at bfloat16 (the contract of `model.projections`)."""
     from dflash2.tools.profile import stepbench
 
     out = tmp_path / "steps.json"

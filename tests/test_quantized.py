@@ -1,11 +1,11 @@
-"""Weight-only int8 / int4 projections (targets.quantized): the kernels multiply by the weight
+"""Weight-only int8 / int4 projections (model.quantized): the kernels multiply by the weight
 `dequantize` describes, grids are recovered, unsupported weights are refused in one line, and a
 model's layers (never its LM head) take the quantized form."""
 import pytest
 import torch
 
 from dflash2.errors import DFlash2Error
-from dflash2.targets import projections, quantized
+from dflash2.model import projections, quantized
 from tests.test_projections import _logits, _tiny
 
 

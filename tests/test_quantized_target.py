@@ -13,7 +13,8 @@ from dflash2.errors import DFlash2Error
 from dflash2.eval.audit import audit, reference_loader
 from dflash2.pipeline import prepare_decoder
 from dflash2.runtime.devices import native_bfloat16
-from dflash2.targets import llama, projections
+from dflash2.model import projections
+from dflash2.targets import llama
 from dflash2.targets.tiny import tiny_draft
 from tests.test_llama_target import _both, _tiny_llama_dir, _with_tokenizer
 

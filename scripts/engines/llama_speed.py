@@ -42,7 +42,7 @@ from dflash2.targets.builtin import BUILTIN_TARGETS
 
 NGRAM_MODES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 KINDS = {"q4_1": None, "bf16": "bfloat16", "f32": "float32"}
-# dflash2's own rows: (label, --dtype, --weights); int4 is the Q4_1 GGUF's grid (targets.quantized)
+# dflash2's own rows: (label, --dtype, --weights); int4 is the Q4_1 GGUF's grid (model.quantized)
 DFLASH2_ROWS = (("float32", "float32", "float"), ("bfloat16", "bfloat16", "float"), ("int4", "bfloat16", "int4"))
 
 

@@ -40,7 +40,7 @@ from dflash2.files.userjson import parse_json
 _DELEGATED = {
     "regenerate": ("dflash2.training.regenerate", "regenerate training responses with the target"),
     "train": ("dflash2.training.trainer", "train a draft from a YAML config"),
-    "ablation": ("dflash2.training.ablation", "equal-budget ablation: DFlash v1, +selector, +convs, DFlash2"),
+    "ablation": ("dflash2.eval.ablation", "equal-budget ablation: DFlash v1, +selector, +convs, DFlash2"),
     "families": ("dflash2.eval.families", "DFlash2, DFlash v1 and an MTP head at equal budget: tau and speed, one table"),
     "bench": ("dflash2.eval.bench", "benchmark acceptance length, speed and losslessness"),
     "analyze": ("dflash2.eval.analyze", "analyse a draft: recall, oracle selector, suffix decay"),

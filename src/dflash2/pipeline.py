@@ -29,7 +29,7 @@ Contract:
   chooses them (dflash2's own Llama for SmolLM2 under `auto`; transformers' when asked, for
   Hugging Face `generate()`).
 - `weights` (`WEIGHTS`, default "float"): "int8" / "int4" run the target's layers on weight-only
-  quantized weights (`targets.quantized`; its LM head and embeddings stay as loaded), on the CPU
+  quantized weights (`model.quantized`; its LM head and embeddings stay as loaded), on the CPU
   with bfloat16 activations and dflash2's own Llama only, each refused in one line before the
   weights load (`check_weights`). The target is then the quantized model: plain decoding, every
   proposer and the lossless checks all run against it (`Precision.weights` says so in headers and
@@ -70,7 +70,8 @@ from dflash2.model.draft import DFlash2DraftModel
 from dflash2.model.factory import create_draft
 from dflash2.model.families import family_of, kind, load_draft, target_head
 from dflash2.model.shape import DEFAULT_SHAPE, DraftShape, target_text_config
-from dflash2.targets import llama, projections, quantized
+from dflash2.model import projections, quantized
+from dflash2.targets import llama
 from dflash2.targets.builtin import (BUILTIN_TARGETS, TargetFiles, TargetShape, builtins_shaped, load_target_model,
                                      open_target)
 from dflash2.targets.chat import choose_mask_token, stop_token_ids

@@ -21,7 +21,7 @@ Contract:
 - `reference_loader(pipeline)`: the callable for a pipeline: its own target when it runs at
   float32, else the same weights loaded at float32 on its device (once, on first use); a target
   run on quantized weights (`--weights int4`) is referred to those weights dequantized
-  (`targets.projections.dequantized_into`), since that target, not the float one, is what plain
+  (`model.projections.dequantized_into`), since that target, not the float one, is what plain
   decoding and speculation must agree on.
 """
 from __future__ import annotations
@@ -154,7 +154,7 @@ def reference_loader(pipeline) -> Callable[[], Reference]:
         if (pipeline.precision.name == "float32" and weights == "float") or pipeline.target_files is None:
             return Reference(own)
         from dflash2.targets.builtin import load_target_model
-        from dflash2.targets.projections import dequantized_into
+        from dflash2.model.projections import dequantized_into
 
         model = load_target_model(pipeline.target_files, pipeline.device, torch.float32)
         if weights != "float":   # the quantized target's own weights, at float32

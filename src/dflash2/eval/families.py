@@ -4,7 +4,7 @@ Contract:
 - Arms (`FAMILY_ARMS`): `dflash2` (selector and convolutions), `dflash-v1` (neither), `mtp` (a
   one-layer MTP head, `draft.family=mtp`). Every arm trains from the same config and overrides
   (same data, seed, schedule, verify width `draft.block_size`, and budget: `train.steps`, or
-  `train.max_cpu_seconds` for equal CPU-hours) into OUTPUT/<arm> (`training.ablation.train_arm`).
+  `train.max_cpu_seconds` for equal CPU-hours) into OUTPUT/<arm> (`eval.ablation.train_arm`).
 - Each arm is then measured the same way:
   - the yardstick (`eval.yardstick.measure`: real speculative decoding, the whole block verified
     every cycle, T=0 and T=1 with top-p 0.95 / top-k 20; tau, per-position acceptance, draft
@@ -15,7 +15,7 @@ Contract:
     `--concurrency` (default 1 and 8), T=0 and T=1 -> OUTPUT/<arm>/speed-t0, speed-t1.
   What exists is reused (delete it to redo): an interrupted run resumes where it stopped. What was
   made under other options is refused in one line before anything runs: an arm trained with
-  another config (`training.ablation.train_arm`), frozen yardstick prompts of other data or counts,
+  another config (`eval.ablation.train_arm`), frozen yardstick prompts of other data or counts,
   a speed run of other datasets, prompts, tokens or batch sizes (`check_measured`).
 - Writes OUTPUT/families.json and OUTPUT/families.md: per arm its parameters, the budget it used
   (steps, tokens, CPU hours), tau at T=0 / T=1, per-position acceptance, draft ms per cycle,
@@ -40,7 +40,7 @@ from dflash2.files.atomic import check_output, fmt, markdown_table, write_json, 
 from dflash2.model.families import load_draft
 from dflash2.pipeline import build_pipeline, load_decoder
 from dflash2.runtime.provenance import git_commit, machine_info, machine_line
-from dflash2.training.ablation import arms_parser, check_trained_arm, chosen_arms, train_arm
+from dflash2.eval.ablation import arms_parser, check_trained_arm, chosen_arms, train_arm
 from dflash2.training.config import load_config
 from dflash2.training.preflight import check_inputs
 

@@ -44,7 +44,7 @@ def calibration_path(target, block: int) -> Path:
         # how a pass computes at that precision: the float32 head (decoding.verifier.full_logits), query-by-query attention
         "numerics": {"full_logits": bool(getattr(getattr(target, "full_logits", None), "active", False)),
                      "exact_verify": bool(getattr(target, "exact_verify", False)),
-                     # the forms its projections keep their weights in (targets.projections: packed, int4, ...)
+                     # the forms its projections keep their weights in (model.projections: packed, int4, ...)
                      "weights": sorted({str(m.form) for m in model.modules() if hasattr(m, "form")})},
     }
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]

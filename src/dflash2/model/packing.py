@@ -3,7 +3,7 @@ gate, up) in one matmul, on prepacked oneDNN weights where that pays, without to
 
 Contract:
 - `Packed(*weights)` keeps a copy of the weights ([out_i, in] each, one input size) as one
-  `targets.projections.Projection` (concatenated along the output dimension, so each output is
+  `model.projections.Projection` (concatenated along the output dimension, so each output is
   still its own row's dot product with x) in the form `default_form` picks: "packed" (oneDNN's
   layout) for bfloat16 where oneDNN prepacks it, else "plain" (`F.linear` on the concatenated
   weight; float32: oneDNN's packed float32 kernel rounds differently from MKL's above one row).
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash2.targets.projections import FUSED_ROWS, Projection, can_pack
+from dflash2.model.projections import FUSED_ROWS, Projection, can_pack
 
 
 PACKED_ROWS = FUSED_ROWS   # bfloat16 passes up to this many rows run the packed kernel

@@ -18,7 +18,7 @@ Contract:
   remains there to ask for. `Precision.name` is the torch name ("bfloat16"), `.reason` why
   (`auto: this CPU has avx512_bf16`), `.describe()` both in one phrase for headers, `.record()`
   the dict saved in results files; `.weights` is how the target's layers keep their weights
-  ("float", or "int8" / "int4" with `--weights`, `targets.quantized`), in both.
+  ("float", or "int8" / "int4" with `--weights`, `model.quantized`), in both.
 """
 from __future__ import annotations
 

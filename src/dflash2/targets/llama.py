@@ -26,7 +26,7 @@ Contract:
   the engine's lossless run against transformers' own class; within 1.2e-5 in the cases measured,
   where transformers repeats the KV heads). What differs is how, not what: Q, K and V (and gate and
   up) run as one matmul each, and on the CPU on prepacked oneDNN weights where that gives the same
-  bits or a verify pass's rounding only (`targets.projections`: the plain step at float32 and every
+  bits or a verify pass's rounding only (`model.projections`: the plain step at float32 and every
   pass at bfloat16 up to 32 rows are bit for bit transformers' `F.linear`); RoPE rotates Q and K
   in one go; a boolean mask becomes additive once per pass instead of once per layer. The LM head
   stays an op of its own (`self.head`, over `lm_head`'s weight).
@@ -49,7 +49,7 @@ from dflash2.model.draft import RMSNorm as DraftRMSNorm
 from dflash2.model.swiglu import SwiGLU
 from dflash2.targets import exact_attention
 from dflash2.targets.grouped_attention import fold_queries, folded_attention, like_queries
-from dflash2.targets.projections import Fusing, Projection
+from dflash2.model.projections import Fusing, Projection
 
 
 def supports(config: dict) -> bool:

@@ -14,7 +14,6 @@ Modules, one concept each:
     head_ce      cross-entropy through the frozen LM head, chunked, its gradient fused in
     preflight    what `dflash2 train` checks before the target loads (run directory, inputs)
     trainer      the loop and `main(argv)` behind `dflash2 train` (`__main__`: `python -m dflash2.training`)
-    ablation     `dflash2 ablation`: the equal-budget component ablation (train the arms, bench them)
     revocab      a frequency-ranked reduced draft vocabulary for a draft, without training
 The remote-GPU job that runs this training lives in `dflash2.tools.gpu`.
 """

@@ -19,7 +19,7 @@ Measured on SmolLM2 in bfloat16 (2-core EPYC, docs/precision.md): a handful of t
 row are recomputed; a float32 head for the whole vocabulary (a float32 copy of the weight, 113
 MB) cost 3.4x the bfloat16 head for an 8-token verify pass, this about 1 %.
 The head's reduced-precision product is the model's own: `lm_head` for a transformers model, the
-op over `lm_head`'s weight that dflash2's Llama calls instead (`targets.projections.Projection`,
+op over `lm_head`'s weight that dflash2's Llama calls instead (`model.projections.Projection`,
 prepacked on the CPU), found as the model attribute whose `parts` are `(lm_head,)`.
 Every float32 computation is per row (no reduction spans rows), and the head's own product runs
 at most `chunk_rows` rows per call, so a row's logits depend on how many rows its pass has only as

@@ -2,7 +2,7 @@
 and where their time goes.
 
 Contract: for each `--dtype`, the target (a built-in name or directory the built-in Llama takes)
-is loaded once per projection weight form of `--forms` (`targets.projections.FORMATS`: `packed`,
+is loaded once per projection weight form of `--forms` (`model.projections.FORMATS`: `packed`,
 what ships on the CPU; `plain`, fused projections on `F.linear`, the path CUDA takes; `int8` /
 `int4`, the layers' weights quantized, bfloat16 only: skipped at float32). From one prompt's KV
 cache (`--context` tokens), each form runs a pass of q new tokens for each q in `--tokens` (1: the
@@ -34,7 +34,8 @@ from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.errors import DFlash2Error, require
 from dflash2.files.atomic import atomic_write
 from dflash2.runtime.provenance import cpu_model
-from dflash2.targets import builtin, llama, projections, quantized
+from dflash2.model import projections, quantized
+from dflash2.targets import builtin, llama
 
 MATMUL_OPS = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int")
 ATTENTION_OPS = ("aten::_scaled_dot_product",)

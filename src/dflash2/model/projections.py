@@ -9,7 +9,7 @@ Contract:
   memory), so each output is still its own weight row's dot product with x, and keeps the weight
   in a `form` (`FORMATS`) besides: "packed" (CPU only: oneDNN's layout, `PACKED_ROWS_HINT` the
   pass size it is laid out for; one more copy of the weight), "plain" (nothing more), or "int8" /
-  "int4" (`targets.quantized`: a quantized target, not the float one; passes of up to
+  "int4" (`model.quantized`: a quantized target, not the float one; passes of up to
   `QUANTIZED_ROWS` rows, every decoding step and verify pass of a small batch and every product
   under `--exact-verify`, multiply by the quantized weight, whose kernel gives each row the same
   bits alone or among others; wider passes, prefills and wide batches, by its dequantized copy in
@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash2.errors import require
-from dflash2.targets import quantized
+from dflash2.model import quantized
 
 FUSED_ROWS = 128                  # passes up to this many rows (batch x tokens) run fused / packed
 QUANTIZED_ROWS = 32               # quantized weights: passes up to this many rows run the quantized kernel
@@ -158,7 +158,7 @@ class Fusing(nn.Module):
 def set_weights(model: nn.Module, form: str) -> None:
     """Keep every projection of `model` in `form` (`FORMATS`): "packed" (the default: oneDNN's
     layout where that pays), "plain" (`F.linear` on the fused weight; CUDA's path everywhere),
-    "int8" / "int4" (`targets.quantized`; the layers only, an LM head stays "packed"). A
+    "int8" / "int4" (`model.quantized`; the layers only, an LM head stays "packed"). A
     quantized form is checked on every weight before any changes (one line naming the problem)."""
     require(form in FORMATS, f"projection weights must be one of {', '.join(FORMATS)}, got '{form}'")
     modules = [m for m in model.modules() if isinstance(m, Fusing)]
