@@ -192,3 +192,42 @@ def test_cycle_profile_accounts_for_the_whole_cycle(capsys, tmp_path):
         parts = sum(v for k, v in p["ms_per_cycle"].items() if k != "total")
         assert abs(parts - p["ms_per_cycle"]["total"]) < 1e-6 * max(1.0, p["ms_per_cycle"]["total"]) + 1e-9
         assert p["plain_step_ms"] > 0 and p["cycle_in_plain_steps"] > 0 and 0 <= p["non_forward_share"] <= 1
+
+
+@pytest.mark.parametrize("use_selector", [True, False])
+def test_analyze_counts_a_reduced_vocabulary_draft_in_target_ids(use_selector):
+    """Teacher-forced on the draft's own greedy block, `analyze` finds the whole block right: the
+    logits of a draft with a reduced vocabulary are indexed by draft ids, and what it counts must be
+    mapped to target ids first, as decoding does (unmapped, a 40-token vocabulary scores about 0)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from dflash2.decoding.loop.timing import Stopwatch
+    from dflash2.decoding.proposers.draft import DraftProposer
+    from dflash2.decoding.verifier.adapter import TargetAdapter
+    from dflash2.eval.analyze import AnalyzeSettings, AttentionProbe, Tally, teacher_forced
+    from dflash2.targets.tiny import tiny_draft, tiny_target
+
+    target = tiny_target("llama", seed=0)
+    draft = tiny_draft(target, draft_vocab_size=40, use_selector=use_selector, seed=3)
+    draft.bind_target(target.get_input_embeddings().weight, target.get_output_embeddings().weight)
+    adapter = TargetAdapter(target, draft.config.target_layer_ids)
+    prompt = [5, 17, 33, 2, 9, 41, 7, 12, 60, 3]
+    logits, features = adapter.prefill([prompt])
+    anchor = int(logits[0, -1].argmax())                        # the target's first greedy token
+    proposer = DraftProposer(draft, Stopwatch(None))
+    proposer.add_rows(features, adapter.mask)
+    block = draft.config.block_size
+    proposal = proposer.propose(torch.tensor([anchor]), adapter.next_position.clone(), block, torch.zeros(1))
+    drafted = proposal.tokens[0].tolist()                       # target ids, block - 1 of them
+    assert not torch.equal(draft.draft_token_ids(), torch.arange(40))   # draft id i is not target id i
+    tally = Tally(block - 1)
+    pipe = SimpleNamespace(decoder=SimpleNamespace(target=TargetAdapter(target, draft.config.target_layer_ids),
+                                                   draft=draft))
+    teacher_forced(pipe, [(len(prompt), prompt + [anchor] + drafted)], AnalyzeSettings(top_k=8),
+                   {"convs_on": tally}, {"convs_on": AttentionProbe(draft)})
+    assert tally.full_blocks == 1                               # the anchor after the prompt: its whole block
+    acceptance = tally.acceptance()
+    assert acceptance["selector" if use_selector else "argmax"] == block
+    assert acceptance["oracle"] == block

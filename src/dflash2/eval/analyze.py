@@ -218,14 +218,17 @@ def teacher_forced(pipe: Pipeline, sequences: list[tuple[int, list[int]]], args:
                 draft.conv_enabled = variant == "convs_on"
                 with probes[variant]:
                     hidden = draft.forward_blocks(block_ids[None], positions[None], context, mask)[0][:, 1:]
-                logits = draft.logits(hidden)
-                selector_tokens, second = logits.argmax(-1), None
+                logits = draft.logits(hidden)                    # [n, T, Vd]: ids in the draft vocabulary
+                top1 = draft.draft_to_target(logits.argmax(-1))  # target ids, as the labels are
+                selector_tokens, second = top1, None
                 if draft.selector is not None:
-                    cand_logits, cand_ids = logits.topk(min(draft.selector.top_k, logits.shape[-1]), dim=-1)
+                    cand_logits, cand = logits.topk(min(draft.selector.top_k, logits.shape[-1]), dim=-1)
+                    cand_ids = draft.draft_to_target(cand)
                     scores = draft.selector.pair_scores(hidden, block_ids[:, 0], cand_ids, cand_logits)
                     path = draft.selector.walk(scores, cand_ids, 0.0)
                     selector_tokens, second = path.tokens, draft.selector.second_path(scores, cand_ids, path)
-                tally.add(labels, logits.argmax(-1), logits.topk(top_k, dim=-1).indices, selector_tokens, second)
+                topk_ids = draft.draft_to_target(logits.topk(min(top_k, logits.shape[-1]), dim=-1).indices)
+                tally.add(labels, top1, topk_ids, selector_tokens, second)
     draft.conv_enabled = True
 
 
