@@ -1,7 +1,7 @@
 """`dflash2 families` end to end on the real SmolLM2 target: DFlash v1 and an MTP head (the DFlash2
 arm differs from v1 only in two config switches), one training step each from the same config,
-measured by the yardstick and by end-to-end speed at both temperatures, one table; a second
-invocation reuses what exists. And `init-draft --family mtp` writes a head the yardstick measures
+measured by the yardstick and by end-to-end speed at both temperatures, one table (`--train-only`
+first: the arms trained, nothing measured); a second invocation reuses what exists. And `init-draft --family mtp` writes a head the yardstick measures
 like a draft."""
 from __future__ import annotations
 
@@ -25,7 +25,12 @@ def test_families_train_measure_and_tabulate_each_arm_alike(smollm2_cache, tmp_p
             "--datasets", "gsm8k", "--num-prompts", "1", "--max-new-tokens", "5", "--concurrency", "1",
             "--heldout", "1", "--per-benchmark", "1", "--yardstick-tokens", "6", "--arms", "dflash-v1,mtp",
             "--output", str(out)]
-    assert cli_main(argv) == 0
+    assert cli_main(argv + ["--train-only"]) == 0       # train, then stop: nothing measured yet
+    assert all((out / arm / "final").is_dir() for arm in ("dflash-v1", "mtp"))
+    assert not (out / "families.json").exists() and not (out / "mtp" / "speed-t0").exists()
+    trained = (out / "mtp" / "final" / "model.safetensors").stat().st_mtime_ns
+    assert cli_main(argv) == 0                           # measures the arms it trained, without retraining
+    assert (out / "mtp" / "final" / "model.safetensors").stat().st_mtime_ns == trained
     result = json.loads((out / "families.json").read_text())
     assert list(result["arms"]) == ["dflash-v1", "mtp"]
     for arm, entry in result["arms"].items():

@@ -8,6 +8,8 @@ Contract:
   --no-baseline` (real speculative decoding on the target, acceptance length only) at T=0 and at
   the official T=1 (top-p 0.95, top-k 20) on `--datasets` x `--num-prompts` prompts (at T=1
   `--t1-num-prompts`, if given), in `OUTPUT/a/bench-t0` and `OUTPUT/a/bench-t1`.
+- `--train-only` stops once every arm is trained, so that all of them are measured later on the
+  same quiet machine (a run without it reuses the trained arms).
 - Resumable: an arm whose `final/` exists is not retrained, a bench whose results.json exists is
   not rerun (delete them to redo). An arm trained with another config (any key but those in
   `REUSE_FREE`, which do not change what is trained: the budget keys count) is refused in one line
@@ -177,7 +179,14 @@ def arms_parser(prog: str, description: str, arms, output: str) -> OneLineParser
     p.add_argument("--output", default=output)
     p.add_argument("--target", default="smollm2")
     p.add_argument("--datasets", default="gsm8k,math500,humaneval,mbpp,mt-bench")
+    p.add_argument("--train-only", action="store_true",
+                   help="train the arms and stop: measure them later, every arm on the same quiet machine")
     return p
+
+
+def trained_only(arms: list[str]) -> int:
+    print(f"# trained {', '.join(arms)} (--train-only): run again without it to measure them", file=sys.stderr)
+    return 0
 
 
 def chosen_arms(text: str, known) -> list[str]:
@@ -206,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     trained = {arm: train_arm(args.config, args.overrides, arm, out) for arm in arms}
+    if args.train_only:
+        return trained_only(arms)
     benches = {arm: {temp: bench_arm(out / arm, temp, args) for temp in TEMPERATURES} for arm in arms}
     plot_curves({arm: curve(out / arm / "metrics.jsonl") for arm in arms}, out / "ablation-curves.png")
     command = "dflash2 ablation " + " ".join(argv if argv is not None else sys.argv[1:])

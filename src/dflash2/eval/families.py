@@ -13,7 +13,8 @@ Contract:
   - end-to-end speed (`eval.bench.run_bench`: the arm's decoder, `--speculate auto`, beside its own
     autoregressive baseline, float32 target and the default draft precision) at each
     `--concurrency` (default 1 and 8), T=0 and T=1 -> OUTPUT/<arm>/speed-t0, speed-t1.
-  What exists is reused (delete it to redo): an interrupted run resumes where it stopped. What was
+  `--train-only` stops after training (measure every arm later, on one quiet machine). What exists
+  is reused (delete it to redo): an interrupted run resumes where it stopped. What was
   made under other options is refused in one line before anything runs: an arm trained with
   another config (`eval.ablation.train_arm`), frozen yardstick prompts of other data or counts,
   a speed run of other datasets, prompts, tokens or batch sizes (`check_measured`).
@@ -40,7 +41,7 @@ from dflash2.files.atomic import check_output, fmt, markdown_table, write_json, 
 from dflash2.model.families import load_draft
 from dflash2.pipeline import build_pipeline, load_decoder
 from dflash2.runtime.provenance import git_commit, machine_info, machine_line
-from dflash2.eval.ablation import arms_parser, check_trained_arm, chosen_arms, train_arm
+from dflash2.eval.ablation import arms_parser, check_trained_arm, chosen_arms, train_arm, trained_only
 from dflash2.training.config import load_config
 from dflash2.training.preflight import check_inputs
 
@@ -209,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     commit = git_commit()   # the commit whose code runs, read before the (long) run
     trained = {arm: train_arm(args.config, args.overrides, arm, out, FAMILY_ARMS[arm]) for arm in args.arms}
+    if args.train_only:
+        return trained_only(args.arms)
     yard_settings = YardstickSettings(data, args.heldout, args.per_benchmark, args.yardstick_tokens)
     arms = {}
     for arm in args.arms:
