@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import inspect
 
+from tqdm import tqdm
+
 from dflash2.data.prompts import BENCHMARKS, load_benchmark
 from dflash2.decoding.loop.engine import GenerationConfig, GenerationResult, SpeculativeDecoder
 from dflash2.export.settings import AcceptanceCost
@@ -40,11 +42,13 @@ def classical_decoder(target, draft: DFlash2DraftModel | None) -> SpeculativeDec
 
 
 def draft_runs(target, draft: DFlash2DraftModel | None, prompts: list[list[int]], max_new_tokens: int,
-               stop_ids, block_size: int | None = None) -> list[GenerationResult]:
+               stop_ids, block_size: int | None = None, progress: str | None = None) -> list[GenerationResult]:
+    """`progress`: a label for a progress bar over the prompts (None: none)."""
     config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, block_size=block_size,
                               stop_token_ids=tuple(stop_ids))
     decoder = classical_decoder(target, draft)
-    return [decoder.generate([ids], config)[0] for ids in prompts]
+    shown = prompts if progress is None else tqdm(prompts, desc=progress, unit="prompt", leave=False)
+    return [decoder.generate([ids], config)[0] for ids in shown]
 
 
 def expected_tokens_by_width(target, draft: DFlash2DraftModel, prompts: list[list[int]], max_new_tokens: int,
@@ -60,8 +64,8 @@ def _pooled(results) -> float:
 def measure_cost(pipe: Pipeline, exported: DFlash2DraftModel, prompts: list[list[int]],
                  max_new_tokens: int) -> AcceptanceCost:
     target, stops = pipe.decoder.target, pipe.stop_token_ids
-    original = draft_runs(target, pipe.decoder.draft, prompts, max_new_tokens, stops)
-    stripped = draft_runs(target, exported, prompts, max_new_tokens, stops)
+    original = draft_runs(target, pipe.decoder.draft, prompts, max_new_tokens, stops, progress="the draft as it is")
+    stripped = draft_runs(target, exported, prompts, max_new_tokens, stops, progress="the export")
     return AcceptanceCost(
         prompts=len(prompts), new_tokens_per_prompt=max_new_tokens,
         original_acceptance_length=_pooled(original), exported_acceptance_length=_pooled(stripped),

@@ -21,6 +21,7 @@ Returns an `ExportResult`.
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -126,6 +127,9 @@ def export_draft(settings: ExportSettings, pipeline: Pipeline | None = None) -> 
     if settings.form == "dflash-v1" and not config.is_dflash2:
         result.notes.append("the draft is already DFlash v1: nothing was removed")
     if _measures(settings, config):
+        print(f"# measuring what the export costs in acceptance: {settings.measure_prompts} prompts x "
+              f"{settings.measure_tokens} tokens with the draft and with the export (--measure-prompts 0 skips it)",
+              file=sys.stderr)
         pipe = pipeline or load_decoder(settings.target, str(settings.draft), draft_dtype="float32",
                                         proposer="draft", lattice=False)
         draft = pipe.decoder.draft
