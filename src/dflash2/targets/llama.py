@@ -8,7 +8,7 @@ Contract:
 - `LlamaTargetConfig.from_json(path)`: the config as a transformers `PreTrainedConfig` of model
   type `llama`, built without importing transformers' Llama modules (their import chain costs
   1.5-2 s of every start). It holds the same fields and the same `to_dict()` as transformers'
-  `LlamaConfig` for the same file, so data fingerprints (`training.regenerate.config_sha256`) and
+  `LlamaConfig` for the same file, so data fingerprints (`training.data_identity.config_sha256`) and
   stored calibrations are unchanged.
 - `LlamaCausalLM.from_pretrained(directory, config, dtype, device)`: the model, built on the meta
   device and given the safetensors weights (tied LM head where the config says so), in eval mode.

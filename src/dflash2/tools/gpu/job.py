@@ -186,7 +186,7 @@ def data_dirs(target_name: str, root: Path = Path("data/regen")) -> list[str]:
 
 def fingerprint_matches(name: str, model, dirs: list[str]) -> dict:
     """Whether the converted target is the one that regenerated each data directory."""
-    from dflash2.training.regenerate import target_fields
+    from dflash2.training.data_identity import target_fields
 
     mine = target_fields(name, model)
     return {Path(d).name: all(_made_by(d).get(k) == mine[k] for k in ("config_sha256", "weights_fingerprint"))

@@ -36,8 +36,8 @@ import numpy as np
 from dflash2.argparsing import OneLineParser, run_command
 from dflash2.errors import require
 from dflash2.tools.gpu import parts as gpu_parts
-from dflash2.training.regenerate import (Prompt, encode_training_prompts, generate_shards, sampling_fields,
-                                         target_fields, tokenizer_fields)
+from dflash2.training.data_identity import sampling_fields, target_fields, tokenizer_fields
+from dflash2.training.regenerate import Prompt, encode_training_prompts, generate_shards
 
 PROMPTS_ARRAYS, PROMPTS_RECORD = "prompts.npz", "prompts.json"
 
