@@ -20,7 +20,7 @@ from dflash2.decoding.proposers.tree import pack_tree
 from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.errors import DFlash2Error
 from dflash2.targets import builtin, llama
-from dflash2.training.regenerate import config_sha256, target_fields
+from dflash2.training.data_identity import config_sha256, target_fields
 
 ROUNDING = 5e-5   # fp32 logits: the same arithmetic summed in another order (measured 1.2e-5)
 

@@ -10,7 +10,8 @@ import pytest
 from dflash2.training import regenerate as regen
 from dflash2.decoding.loop.engine import DecodeSession
 from dflash2.errors import DFlash2Error
-from dflash2.training.regenerate import Prompt, generate_shards, sampling_fields, target_fields
+from dflash2.training.data_identity import sampling_fields, target_fields
+from dflash2.training.regenerate import Prompt, generate_shards
 from dflash2.data.shards import Record, ShardWriter, done_ids, load_manifest, loss_mask, read_records
 from dflash2.targets.tiny import tiny_target
 
