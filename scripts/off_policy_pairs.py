@@ -21,28 +21,25 @@ import json
 import sys
 from pathlib import Path
 
+from dflash2.data.chat_files import parse_record
 from dflash2.data.holdout import is_held_out
 from dflash2.data.prompts import iter_sharegpt_records
 from dflash2.data.shards import read_records
+from dflash2.errors import DFlash2Error
 from dflash2.files.atomic import atomic_write
 
-HUMAN, MODEL = {"human", "user"}, {"gpt", "assistant", "chatgpt", "bard", "model"}
-
-
 def first_exchange(record) -> tuple[str, str] | None:
-    """(the first non-empty user turn, the non-empty reply right after it), or None."""
-    messages = record.get("conversations") if isinstance(record, dict) else None
-    if not isinstance(messages, list):
+    """(the first user turn with text, the assistant reply right after it), or None: no such reply, or
+    a record `data.chat_files` would not read (its reading of ShareGPT's roles)."""
+    try:
+        messages = parse_record(record, "", "0").messages
+    except DFlash2Error:
         return None
-    for i, message in enumerate(messages):
-        if isinstance(message, dict) and message.get("from") in HUMAN and isinstance(message.get("value"), str) \
-                and message["value"].strip():
-            reply = messages[i + 1] if i + 1 < len(messages) else None
-            if isinstance(reply, dict) and reply.get("from") in MODEL and isinstance(reply.get("value"), str) \
-                    and reply["value"].strip():
-                return message["value"], reply["value"]
-            return None
-    return None
+    first = next(i for i, m in enumerate(messages) if m["role"] == "user" and m["content"].strip())
+    reply = messages[first + 1] if first + 1 < len(messages) else None
+    if reply is None or reply["role"] != "assistant" or not reply["content"].strip():
+        return None
+    return messages[first]["content"], reply["content"]
 
 
 def write_pairs(regen: Path, out: Path) -> tuple[int, int]:
