@@ -186,3 +186,31 @@ def test_verify_pass_logits_equal_one_token_steps_bit_for_bit(exact_bf16):
         passes[q] = torch.cat(logits, dim=1)
     assert torch.equal(passes[1], passes[3]) and torch.equal(passes[1], passes[8])
     assert F.softmax(passes[1], -1).isfinite().all()
+
+
+def test_one_row_products_padded_into_the_verify_passes_kernel_class(exact_bf16, monkeypatch):
+    """A one-token step multiplies as a verify pass's rows do: padded to `MIN_PRODUCT_ROWS` rows.
+    Where the device's bfloat16 one-row product is a kernel of its own (an AMD EPYC without AMX:
+    the 576 x 1536 down projection rounds some rows otherwise alone), dropping the padding is
+    caught twice: the probe fails, and a one-token step's logits differ from a verify pass's."""
+    shapes = [(576, 1536), (1536, 576)]
+    assert batch_invariant(shapes, torch.bfloat16, "cpu")[0]        # the fixture loaded: the probe held
+    monkeypatch.setattr(exact_attention, "MIN_PRODUCT_ROWS", 1)
+    unpadded, failed = batch_invariant(shapes, torch.bfloat16, "cpu")
+    if unpadded:
+        pytest.skip("this CPU's bfloat16 one-row product is in the kernel class of 2..32 rows (AMX)")
+    assert "576 x 1536 bfloat16 product" in failed
+    target = exact_bf16.decoder.target
+    ids = encode_prompt(exact_bf16.tokenizer, PROMPTS[1])
+    following = list(range(2000, 2048))
+    passes = {}
+    for q in (1, 8):
+        target.prefill([ids])
+        logits = []
+        for start in range(0, len(following), q):
+            out, _ = target.step(torch.tensor([following[start:start + q]]))
+            target.keep(torch.tensor([q]), q)
+            logits.append(out)
+        target.reset()
+        passes[q] = torch.cat(logits, dim=1)
+    assert not torch.equal(passes[1], passes[8])

@@ -13,8 +13,9 @@ Contract:
   CALL_ROWS rows (query heads folded onto their KV heads: row g * n + i); a token tree's nodes each
   their own window. So a query computes in a pass what it computes in the one-token step, with
   holes, left padding and trees, where the kernel (PyTorch's CPU flash attention) gives a query
-  row (1) the same bits among 3..CALL_ROWS rows of a call (MKL's float32 products; one or two rows
-  take other kernels: calls get at least MIN_ROWS, repeating a query), (2) the same bits at every
+  row (1) the same bits among 4..CALL_ROWS rows of a call (MKL's float32 products; one to three
+  rows take other kernels on an AMD EPYC, one or two on an Intel Xeon: calls get at least MIN_ROWS,
+  repeating a query), (2) the same bits at every
   width that is a multiple of WIDTH and holds its keys first (its vectorised exp and sums treat the
   last width mod 16 keys apart; masked keys add exact zeros) and (3) whatever masked slots hold.
   `attention_invariant` probes these on the device, the tests on this CPU. Without the widths a
@@ -28,21 +29,25 @@ Contract:
   read past their end as masked slots; else a copy.
 - `mark_finite_room(buffer)` / `has_finite_room(tensor)`: the registry of such buffers (by
   storage, while the buffer lives).
+- `product(op, x)`: op(x) for x [.., in] -> [.., out], in calls of MIN_PRODUCT_ROWS..CHUNK_ROWS
+  rows: a wider pass in consecutive chunks, a narrower one padded with zero rows (dropped after).
+  So a one-token step multiplies as a verify pass's rows do: oneDNN's bfloat16 one-row product is
+  a kernel of its own on an AMD EPYC without AMX (the 576 x 1536 down projection rounds some rows
+  otherwise alone than among 2..32; padded to 2 rows, every row of 2..32 gets the same bits).
 - `batch_invariant(shapes, dtype, device)` -> (bool, what failed): whether this device's matrix
-  products of the given (out, in) shapes give each row the same bits alone as among 2..CHUNK_ROWS
-  rows (the other half of an exact verify pass: its linear layers see q rows per sequence where
-  the one-token step sees one). oneDNN's bfloat16 kernels on an x86 CPU with avx512_bf16 hold up
-  to 32 rows (from 33 rows on another kernel class reduces otherwise, measured on a 2-core EPYC);
-  its float32 products (MKL) do not (a one-row product takes another kernel), nor, in general, GPU
-  kernels (split reductions chosen by shape).
+  products of the given (out, in) shapes, run by `product`, give each row the same bits alone as
+  among 2..CHUNK_ROWS rows (the other half of an exact verify pass: its linear layers see q rows
+  per sequence where the one-token step sees one). oneDNN's bfloat16 kernels on x86 CPUs with
+  avx512_bf16 (an AMD EPYC) or AMX (an Intel Xeon) hold; from 33 rows on another kernel class
+  reduces otherwise. Float32 products (MKL) do not (its kernels change with the row count), nor,
+  in general, GPU kernels (split reductions chosen by shape).
 - `attention_invariant(kv_heads, groups, head_dim, dtype, device)` -> (bool, what failed): whether
   `attend` gives every query of passes of several lengths (chains crossing a width, more queries
   than one call takes, left padding and a hole) the float32 bits of its one-token step, on random
   data of the target's head shape.
-- `chunked_rows(model)`: a context in which every `nn.Linear` of `model`, and every op of its own
-  that dflash2's Llama multiplies through (`projections.Projection`), multiplies at most
-  CHUNK_ROWS rows per kernel call (a pass's rows in consecutive chunks), so a wide pass (a batch
-  of verify blocks) stays in the kernel class a one-token step uses.
+- `invariant_products(model)`: a context in which every `nn.Linear` of `model`, and every op of its
+  own that dflash2's Llama multiplies through (`projections.Projection`), multiplies by `product`,
+  so every pass, one-token steps and batches of verify blocks alike, stays in one kernel class.
 """
 from __future__ import annotations
 
@@ -56,10 +61,11 @@ import torch.nn.functional as F
 
 _ACTIVE = contextvars.ContextVar("dflash2_exact_attention", default=None)   # the pass's plans while on
 CHUNK_ROWS = 32      # products of at most this many rows: the largest batch-invariant kernel class measured
+MIN_PRODUCT_ROWS = 2  # ... and at least this many (oneDNN's bfloat16 one-row product is another kernel on AVX512 without AMX)
 PROBE_ROWS = tuple(range(2, CHUNK_ROWS + 1))
 WIDTH = 64           # windows of keys are padded (masked) to a multiple of this
 CALL_ROWS = 32       # query rows per attention call: the kernel's block of rows (one gemm per block)
-MIN_ROWS = 3         # and at least this many (MKL multiplies one or two rows with other kernels)
+MIN_ROWS = 4         # and at least this many (MKL multiplies one to three rows with other kernels on an AMD EPYC)
 
 
 @contextlib.contextmanager
@@ -204,25 +210,29 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return out
 
 
+def product(op, x: torch.Tensor) -> torch.Tensor:
+    """op(x), the rows of x [.., in] multiplied in calls of MIN_PRODUCT_ROWS..CHUNK_ROWS rows."""
+    flat = x.reshape(-1, x.shape[-1])                                              # [n, in]
+    n = flat.shape[0]
+    if MIN_PRODUCT_ROWS <= n <= CHUNK_ROWS:
+        return op(x)
+    if n < MIN_PRODUCT_ROWS:
+        out = op(torch.cat([flat, flat.new_zeros(MIN_PRODUCT_ROWS - n, flat.shape[-1])]))[:n]   # [n, out]
+    else:
+        out = torch.cat([product(op, part) for part in flat.split(CHUNK_ROWS)])   # the last chunk padded if short
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
 @contextlib.contextmanager
-def chunked_rows(model, rows: int = CHUNK_ROWS):
+def invariant_products(model):
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     # dflash2's Llama multiplies through ops of its own (`projections.Projection`, module attributes with `parts`)
     ops = [(m, name, op) for m in model.modules() for name, op in list(vars(m).items()) if hasattr(op, "parts")]
-
-    def chunked(product):
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            flat = x.reshape(-1, x.shape[-1])                                          # [n, in]
-            if flat.shape[0] <= rows:
-                return product(x)
-            out = torch.cat([product(part) for part in flat.split(rows)])
-            return out.reshape(*x.shape[:-1], out.shape[-1])
-        return forward
     before = [vars(linear).get("forward") for linear in linears]     # a forward someone else installed
     for linear in linears:
-        linear.forward = chunked(lambda x, linear=linear: F.linear(x, linear.weight, linear.bias))
+        linear.forward = lambda x, linear=linear: product(lambda rows: F.linear(rows, linear.weight, linear.bias), x)
     for owner, name, op in ops:
-        setattr(owner, name, _Chunked(op, chunked(op)))
+        setattr(owner, name, _Chunked(op, lambda x, op=op: product(op, x)))
     try:
         yield
     finally:
@@ -236,7 +246,7 @@ def chunked_rows(model, rows: int = CHUNK_ROWS):
 
 
 class _Chunked:
-    """An op whose calls run chunked, its other attributes (`sizes`, `weight`, ...) the op's own."""
+    """An op whose calls run by `product`, its other attributes (`sizes`, `weight`, ...) the op's own."""
 
     def __init__(self, op, forward):
         self.op, self.forward = op, forward
@@ -255,9 +265,12 @@ def batch_invariant(shapes: list[tuple[int, int]], dtype: torch.dtype, device: s
     for out_features, in_features in sorted(set(shapes)):
         weight = (torch.randn(out_features, in_features, generator=generator) * 0.05).to(device, dtype)
         x = torch.randn(max(rows), in_features, generator=generator).to(device, dtype)
-        alone = torch.cat([F.linear(x[i:i + 1], weight) for i in range(x.shape[0])])
+
+        def multiply(part):
+            return product(lambda r: F.linear(r, weight), part)
+        alone = torch.cat([multiply(x[i:i + 1]) for i in range(x.shape[0])])
         for n in rows:
-            if not torch.equal(F.linear(x[:n], weight), alone[:n]):
+            if not torch.equal(multiply(x[:n]), alone[:n]):
                 return False, f"a {out_features} x {in_features} {str(dtype).removeprefix('torch.')} product of {n} rows"
     return True, ""
 

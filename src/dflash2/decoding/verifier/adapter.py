@@ -85,8 +85,8 @@ def context_limit(text_config) -> int:
 class TargetAdapter:
     def __init__(self, model, target_layer_ids: list[int] | None = None, exact_verify: bool = False):
         self.model = model
-        # float32 logits from a reduced-precision target (with --exact-verify, in batch-invariant chunks)
-        self.full_logits = FullLogits(model, exact_attention.CHUNK_ROWS if exact_verify else 1 << 30)
+        # float32 logits from a reduced-precision target (with --exact-verify, by batch-invariant products)
+        self.full_logits = FullLogits(model, exact_attention.product if exact_verify else None)
         self.exact_verify = exact_verify
         self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.hybrid = recurrent.check_supported(model, self.config)
@@ -239,14 +239,14 @@ class TargetAdapter:
 
     def _exactly(self, rows: int):
         """With `exact_verify`, the context of a decoding pass of `rows` tokens: `exact_attention`'s
-        attention, products of at most `exact_attention.CHUNK_ROWS` rows (every product of a pass
-        has at most `rows` rows: a narrower pass needs no chunking)."""
+        attention and batch-invariant products (`exact_attention.invariant_products`: a pass of
+        MIN_PRODUCT_ROWS..CHUNK_ROWS rows multiplies as it is)."""
         if not self.exact_verify:
             return contextlib.nullcontext()
         both = contextlib.ExitStack()
         both.enter_context(exact_attention.exact())
-        if rows > exact_attention.CHUNK_ROWS:
-            both.enter_context(exact_attention.chunked_rows(self.model))
+        if not exact_attention.MIN_PRODUCT_ROWS <= rows <= exact_attention.CHUNK_ROWS:
+            both.enter_context(exact_attention.invariant_products(self.model))
         return both
 
     def verify(self, ids: torch.Tensor, tree=None) -> tuple[torch.Tensor, torch.Tensor | None]:

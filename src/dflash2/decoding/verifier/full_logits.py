@@ -1,6 +1,6 @@
 """The target's logits at float32 whatever the precision of its weights, at almost no cost.
 
-Contract: `FullLogits(model, chunk_rows)` prepares a target whose LM head runs in bfloat16 or float16
+Contract: `FullLogits(model, multiply)` prepares a target whose LM head runs in bfloat16 or float16
 (`.active`; a float32 model needs nothing). Inside `with full.installed():` each pass of the model
 computes its final norm at float32 (a float32 copy of the norm module, on its input upcast) and
 its LM head as follows, per row x (the float32 norm output) and token j:
@@ -22,8 +22,8 @@ The head's reduced-precision product is the model's own: `lm_head` for a transfo
 op over `lm_head`'s weight that dflash2's Llama calls instead (`model.projections.Projection`,
 prepacked on the CPU), found as the model attribute whose `parts` are `(lm_head,)`.
 Every float32 computation is per row (no reduction spans rows), and the head's own product runs
-at most `chunk_rows` rows per call, so a row's logits depend on how many rows its pass has only as
-much as that kernel's do (`--exact-verify` sets the batch-invariant chunk). Outside `installed()` the model
+as `multiply(op, x)` calls it (default op(x)), so a row's logits depend on how many rows its pass
+has only as much as that kernel's do (`--exact-verify`: `exact_attention.product`, batch-invariant). Outside `installed()` the model
 is as loaded (Hugging Face's own `generate()` in the bench's peers, training).
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ def final_norm(model) -> torch.nn.Module | None:
 
 
 class FullLogits:
-    def __init__(self, model, chunk_rows: int = 1 << 30):
+    def __init__(self, model, multiply=None):
         head = model.get_output_embeddings()
         weight = getattr(head, "weight", None)
         self.active = (isinstance(head, torch.nn.Linear) and weight is not None
@@ -63,7 +63,7 @@ class FullLogits:
         self.model, self.op_name = model, own_head_op(model, head)
         own = getattr(model, self.op_name) if self.op_name else None
         self.product = own if own is not None else (lambda x: F.linear(x, head.weight, head.bias))  # the reduced head
-        self.chunk_rows = chunk_rows     # rows per product (`--exact-verify`: exact_attention.CHUNK_ROWS)
+        self.multiply = multiply or (lambda op, x: op(x))   # `--exact-verify`: exact_attention.product
         self.norm32 = copy.deepcopy(self.norm).float() if self.norm is not None else None
         with torch.no_grad():
             self.column_bound = weight.detach().abs().amax(dim=0).float()           # [H] c_i = max_j |W_ji|
@@ -100,7 +100,7 @@ class FullLogits:
         shape = hidden.shape
         x = hidden.float().reshape(-1, shape[-1])                                        # [n, H]
         rounded = x.to(weight.dtype)
-        z = torch.cat([self.product(part) for part in rounded.split(self.chunk_rows)]).float()   # [n, V]
+        z = self.multiply(self.product, rounded).float()                                 # [n, V]
         spread = (x.abs() * self.column_bound).sum(dim=-1)                               # [n] sum_i |x_i| c_i
         inexact = ((x - rounded.float()).abs() * self.column_bound).sum(dim=-1)          # [n] A
         top = z.amax(dim=-1)
