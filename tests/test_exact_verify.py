@@ -73,7 +73,8 @@ def _pass_and_alone(groups: int, context: int, attention=attend) -> tuple[int, i
 
 
 @pytest.mark.parametrize("groups", [1, 3, 4])
-@pytest.mark.parametrize("context", [60, 100, 1020])   # counts cross 64; rows 0 and 1 of one width; two key blocks
+@pytest.mark.parametrize("context", [60, 100, 190, 1020])   # counts cross 64; rows 0 and 1 of one width;
+# crossing 192 (where MKL on an AMD EPYC reduces a query otherwise in a wider window); two key blocks
 def test_each_query_of_a_pass_gets_its_one_token_steps_bits(groups, context):
     """Where the device probe says the kernel holds (the Intel Xeon with AMX: every case), every
     query of a pass has its one-token step's bits; where it says it does not (an AMD EPYC's MKL

@@ -38,6 +38,7 @@ from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.eval.audit import Reference, audit
 from dflash2.pipeline import load_decoder
+from dflash2.targets import exact_attention
 from dflash2.targets.builtin import load_target_model
 from dflash2.targets.chat import encode_messages
 
@@ -57,9 +58,11 @@ def prompts(tokenizer) -> dict[str, list[list[int]]]:
 
 
 def set_numerics(target, numerics: str) -> None:
-    """The adapter's numerics for a study arm (the model head: before issue 44)."""
+    """The adapter's numerics for a study arm (the model head: before issue 44); `exact` as
+    `--exact-verify` computes (its head's product too), the cache kept as loaded."""
     target.full_logits.active = numerics != "model"
     target.exact_verify = numerics == "exact"
+    target.full_logits.multiply = exact_attention.product if numerics == "exact" else (lambda op, x: op(x))
 
 
 def mismatch(args) -> dict:

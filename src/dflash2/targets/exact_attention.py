@@ -8,16 +8,18 @@ Contract:
   or additive of shape [b or 1, 1 or heads, L, S] -> [b, heads, L, d] in q's dtype. Each query
   attends in float32 (q, k, v upcast exactly; one rounding, of the output) over a window of keys:
   its visible keys in slot order first, then masked slots, the window's width a multiple of WIDTH:
-  `bucket(n)` for a one-token step's n keys; in a pass, one window per row (its committed keys and
-  the block's), as wide as its widest query's bucket, whose queries attend in one call of up to
-  CALL_ROWS rows (query heads folded onto their KV heads: row g * n + i); a token tree's nodes each
-  their own window. So a query computes in a pass what it computes in the one-token step, with
-  holes, left padding and trees, where the kernel (PyTorch's CPU flash attention) gives a query
-  row (1) the same bits among 4..CALL_ROWS rows of a call (MKL's float32 products; one to three
-  rows take other kernels on an AMD EPYC, one or two on an Intel Xeon: calls get at least MIN_ROWS,
-  repeating a query), (2) the same bits at every
-  width that is a multiple of WIDTH and holds its keys first (its vectorised exp and sums treat the
-  last width mod 16 keys apart; masked keys add exact zeros) and (3) whatever masked slots hold.
+  `bucket(n)` for a one-token step's n keys, and the same for each query of a pass: a row's
+  window (its committed keys and the block's) at each of its queries' widths, the queries of one
+  width in one call of up to CALL_ROWS rows (query heads folded onto their KV heads: row g * n +
+  i; a block whose key counts cross a multiple of WIDTH makes two calls); a token tree's nodes
+  each their own window. So a query computes in a pass what it computes in the one-token step,
+  with holes, left padding and trees, where the kernel (PyTorch's CPU flash attention) gives a
+  query row (1) the same bits among 4..CALL_ROWS rows of a call (MKL's float32 products; one to
+  three rows take other kernels on an AMD EPYC, one or two on an Intel Xeon: calls get at least
+  MIN_ROWS, repeating a query) and (2) the same bits whatever the masked slots after its keys hold
+  (masked keys add exact zeros). One width for the whole block is not enough: on an AMD EPYC,
+  MKL reduces a query's 190 keys otherwise in a window of 256 than in one of 192 (widths 192, 256,
+  320, 704, 768 and 832 among those up to 1,088).
   `attention_invariant` probes these on the device, the tests on this CPU. Without the widths a
   pass's query, whose keys the later ones of its block pad, rounds otherwise than its one-token
   step; bfloat16 attention is out because oneDNN's bfloat16 products (the kernel's) round a row
@@ -125,8 +127,12 @@ def _plan(mask: torch.Tensor | None, b: int, length: int, slots: int, groups: in
     per_call = max(1, CALL_ROWS // groups)            # queries per call: at most CALL_ROWS rows
     calls = []
     for r, row_counts in enumerate(counts.tolist()):
-        if prefix[r]:      # one window for the row: its widest query's width
-            windows = [(union[r].nonzero().squeeze(-1), bucket(max(row_counts)), list(range(length)))]
+        if prefix[r]:      # the row's window at each query's own width: one call per width (a block crossing a
+            by_width: dict[int, list[int]] = {}                       # multiple of WIDTH takes two)
+            for l, n in enumerate(row_counts):
+                by_width.setdefault(bucket(n), []).append(l)
+            seen = union[r].nonzero().squeeze(-1)
+            windows = [(seen, width, queries) for width, queries in by_width.items()]
         else:              # a token tree: every node its own window
             windows = [(allowed[r, l].nonzero().squeeze(-1), bucket(n), [l]) for l, n in enumerate(row_counts)]
         for seen, width, queries in windows:
@@ -276,7 +282,7 @@ def batch_invariant(shapes: list[tuple[int, int]], dtype: torch.dtype, device: s
 
 
 def attention_invariant(kv_heads: int, groups: int, head_dim: int, dtype: torch.dtype, device: str,
-                        contexts: tuple[int, ...] = (40, 600)) -> tuple[bool, str]:
+                        contexts: tuple[int, ...] = (40, 190, 600)) -> tuple[bool, str]:
     """Probe `attend` on this device (random data of the target's head shape, see the contract):
     every query of a pass (blocks of verify tokens of several lengths whose key counts cross a
     width, up to more queries than one call takes; a second row with left padding and a hole; keys
