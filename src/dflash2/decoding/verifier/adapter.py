@@ -234,20 +234,16 @@ class TargetAdapter:
         if self.recurrent and q > 1:  # capture each position's recurrent state for `keep`
             with capturing():
                 return self._forward(ids, positions)
-        with self._exactly(ids.numel()):
+        with self._exactly():
             return self._forward(ids, positions)
 
-    def _exactly(self, rows: int):
-        """With `exact_verify`, the context of a decoding pass of `rows` tokens: `exact_attention`'s
-        attention and batch-invariant products (`exact_attention.invariant_products`: a pass of
-        MIN_PRODUCT_ROWS..CHUNK_ROWS rows multiplies as it is)."""
+    def _exactly(self):
+        """With `exact_verify`, the context of a decoding pass: `exact_attention`'s attention and
+        batch-invariant products (`exact_attention.install_invariant_products`, once)."""
         if not self.exact_verify:
             return contextlib.nullcontext()
-        both = contextlib.ExitStack()
-        both.enter_context(exact_attention.exact())
-        if not exact_attention.MIN_PRODUCT_ROWS <= rows <= exact_attention.CHUNK_ROWS:
-            both.enter_context(exact_attention.invariant_products(self.model))
-        return both
+        exact_attention.install_invariant_products(self.model)
+        return exact_attention.exact()
 
     def verify(self, ids: torch.Tensor, tree=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.step(ids) if tree is None else self.step_tree(ids, tree.depth, tree.visible)
@@ -271,7 +267,7 @@ class TargetAdapter:
         bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         bias = bias.masked_fill(~allowed, torch.finfo(self.dtype).min)                 # additive: eager and sdpa alike
         self.mask = F.pad(self.mask, (0, q), value=1)
-        with self._exactly(ids.numel()):
+        with self._exactly():
             return self._forward(ids, positions, attention_mask=bias)
 
     # ------------------------------------------------------------------ cache bookkeeping
