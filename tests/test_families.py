@@ -47,6 +47,7 @@ def test_families_train_measure_and_tabulate_each_arm_alike(smollm2_cache, tmp_p
     assert [p["source"] for p in prompts].count(DATA.name) == 1     # one held-out record, then benchmark prompts
     text = (out / "families.md").read_text()
     assert "| mtp |" in text and "## Where each family wins" in text and "4.80" in text
+    assert f"target precision: {speed['settings']['dtype']}" in text and entry["dtype"] == speed["settings"]["dtype"]
 
     stamp = (out / "mtp" / "final" / "model.safetensors").stat().st_mtime_ns
     assert cli_main(argv) == 0   # resumable: nothing retrained or remeasured

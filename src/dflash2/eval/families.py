@@ -11,7 +11,7 @@ Contract:
     milliseconds per cycle) on ONE frozen prompt set, OUTPUT/yardstick-prompts.json (the held-out
     records of the config's `data.train` plus benchmark prompts) -> OUTPUT/<arm>/yardstick.json;
   - end-to-end speed (`eval.bench.run_bench`: the arm's decoder, `--speculate auto`, beside its own
-    autoregressive baseline, float32 target and the default draft precision) at each
+    autoregressive baseline, the default precisions (`--dtype auto`, `--draft-dtype auto`)) at each
     `--concurrency` (default 1 and 8), T=0 and T=1 -> OUTPUT/<arm>/speed-t0, speed-t1.
   `--train-only` stops after training (measure every arm later, on one quiet machine). What exists
   is reused (delete it to redo): an interrupted run resumes where it stopped. What was
@@ -99,7 +99,8 @@ def arm_entry(arm: str, arm_dir: Path, trained: dict, yard: dict, speed: dict, c
              "steps": summary["steps"], "tokens": summary["tokens"], "cpu_hours": summary["cpu_seconds"] / 3600,
              "teacher_forced_tau": summary.get("last", {}).get("tau"), "tau": yard["tau"],
              "position_acceptance": yard["extra"]["position_acceptance"],
-             "draft_ms_per_cycle": yard["draft_ms_per_cycle"], "speed": {}}
+             "draft_ms_per_cycle": yard["draft_ms_per_cycle"], "speed": {},
+             "dtype": next(iter(speed.values()))["settings"].get("dtype")}
     for temp, results in speed.items():
         for c in concurrency:
             cell = results["overall"]["by_concurrency"][str(c)]
@@ -141,7 +142,8 @@ def render(result: dict, concurrency: list[int]) -> str:
         f"- command: `{result['command']}`", f"- commit {result['commit']}; {result['machine']}",
         "- tau: the yardstick (real speculative decoding, whole block verified every cycle, the same frozen prompts "
         "for every arm); speed: `dflash2 bench` with `--speculate auto`, each arm beside its own autoregressive "
-        "baseline (speedup is that ratio; tokens/s on a shared machine are noisy)\n",
+        "baseline (speedup is that ratio; tokens/s on a shared machine are noisy); target precision: "
+        + ", ".join(sorted({str(e.get("dtype")) for e in arms.values()})) + "\n",
         markdown_table(headers, rows),
         "\n## Per-position acceptance at T=0 (share of cycles whose drafts 1..k were all accepted)\n",
         markdown_table(["arm"] + [f"k={k + 1}" for k in range(width)], positions),
