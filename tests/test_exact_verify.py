@@ -215,3 +215,18 @@ def test_one_row_products_padded_into_the_verify_passes_kernel_class(exact_bf16,
         target.reset()
         passes[q] = torch.cat(logits, dim=1)
     assert not torch.equal(passes[1], passes[8])
+
+
+def test_an_exact_target_model_copies_and_multiplies_as_before_outside_a_pass():
+    """The batch-invariant products stay installed on the model: outside `exact()` a layer computes
+    what it did before, and the model can still be deep-copied."""
+    import copy
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 4)).to(torch.bfloat16)
+    x = torch.randn(1, 16, dtype=torch.bfloat16)
+    before = model(x)
+    exact_attention.install_invariant_products(model)
+    exact_attention.install_invariant_products(model)             # once: a second call changes nothing
+    assert torch.equal(model(x), before)
+    assert torch.equal(copy.deepcopy(model)(x), before)
+    with exact_attention.exact():
+        assert model(x).shape == before.shape

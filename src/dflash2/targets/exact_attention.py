@@ -257,6 +257,8 @@ class _Invariant:
         return product(self.op, x) if active() else self.op(x)
 
     def __getattr__(self, name: str):
+        if name == "op":          # not set yet (a copy being built): no recursion through getattr
+            raise AttributeError(name)
         return getattr(self.op, name)
 
 
