@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from dflash2.data.prompts import load_conversations
 from dflash2.decoding.loop.engine import GenerationConfig, SpeculativeDecoder
 from dflash2.decoding.verifier.adapter import TargetAdapter
+from dflash2.decoding.verifier.full_logits import direct
 from dflash2.eval.audit import Reference, audit
 from dflash2.pipeline import load_decoder
 from dflash2.targets import exact_attention
@@ -62,7 +63,9 @@ def set_numerics(target, numerics: str) -> None:
     `--exact-verify` computes (its head's product too), the cache kept as loaded."""
     target.full_logits.active = numerics != "model"
     target.exact_verify = numerics == "exact"
-    target.full_logits.multiply = exact_attention.product if numerics == "exact" else (lambda op, x: op(x))
+    target.full_logits.multiply = exact_attention.product if numerics == "exact" else direct
+    if numerics == "exact":
+        exact_attention.install_invariant_products(target.model)
 
 
 def mismatch(args) -> dict:

@@ -130,8 +130,8 @@ def _plan(mask: torch.Tensor | None, b: int, length: int, slots: int, groups: in
     per_call = max(1, CALL_ROWS // groups)            # queries per call: at most CALL_ROWS rows
     calls = []
     for r, row_counts in enumerate(counts.tolist()):
-        if prefix[r]:      # the row's window at each query's own width: one call per width (a block crossing a
-            by_width: dict[int, list[int]] = {}                       # multiple of WIDTH takes two)
+        if prefix[r]:      # the row's window at each query's own width (a block crossing a multiple of WIDTH: two)
+            by_width: dict[int, list[int]] = {}
             for l, n in enumerate(row_counts):
                 by_width.setdefault(bucket(n), []).append(l)
             seen = union[r].nonzero().squeeze(-1)

@@ -92,6 +92,7 @@ class TargetAdapter:
         self.hybrid = recurrent.check_supported(model, self.config)
         if exact_verify:
             check_exact_verify(model, self.hybrid)
+            exact_attention.install_invariant_products(model)
         self.recurrent: list[recurrent.RecurrentLayer] = []
         self.layers = decoder_layers(model)
         self.target_layer_ids = list(target_layer_ids or [])
@@ -239,11 +240,8 @@ class TargetAdapter:
 
     def _exactly(self):
         """With `exact_verify`, the context of a decoding pass: `exact_attention`'s attention and
-        batch-invariant products (`exact_attention.install_invariant_products`, once)."""
-        if not self.exact_verify:
-            return contextlib.nullcontext()
-        exact_attention.install_invariant_products(self.model)
-        return exact_attention.exact()
+        the batch-invariant products installed at construction."""
+        return exact_attention.exact() if self.exact_verify else contextlib.nullcontext()
 
     def verify(self, ids: torch.Tensor, tree=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.step(ids) if tree is None else self.step_tree(ids, tree.depth, tree.visible)

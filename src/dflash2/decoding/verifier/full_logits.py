@@ -23,8 +23,8 @@ op over `lm_head`'s weight that dflash2's Llama calls instead (`model.projection
 prepacked on the CPU), found as the model attribute whose `parts` are `(lm_head,)`.
 Every float32 computation is per row (no reduction spans rows), and the head's own product runs
 as `multiply(op, x)` calls it (default op(x)), so a row's logits depend on how many rows its pass
-has only as much as that kernel's do (`--exact-verify`: `exact_attention.product`, batch-invariant). Outside `installed()` the model
-is as loaded (Hugging Face's own `generate()` in the bench's peers, training).
+has only as much as that kernel's do (`--exact-verify`: `exact_attention.product`, batch-invariant).
+Outside `installed()` the model is as loaded (Hugging Face's own `generate()` in the bench's peers, training).
 """
 from __future__ import annotations
 
@@ -42,6 +42,11 @@ def own_head_op(model, head) -> str | None:
         if getattr(value, "parts", None) == (head,):
             return name
     return None
+
+
+def direct(op, x: torch.Tensor) -> torch.Tensor:
+    """The head's product as the kernel runs it (any number of rows in one call)."""
+    return op(x)
 
 
 def final_norm(model) -> torch.nn.Module | None:
@@ -63,7 +68,7 @@ class FullLogits:
         self.model, self.op_name = model, own_head_op(model, head)
         own = getattr(model, self.op_name) if self.op_name else None
         self.product = own if own is not None else (lambda x: F.linear(x, head.weight, head.bias))  # the reduced head
-        self.multiply = multiply or (lambda op, x: op(x))   # `--exact-verify`: exact_attention.product
+        self.multiply = multiply or direct                # `--exact-verify`: exact_attention.product
         self.norm32 = copy.deepcopy(self.norm).float() if self.norm is not None else None
         with torch.no_grad():
             self.column_bound = weight.detach().abs().amax(dim=0).float()           # [H] c_i = max_j |W_ji|
