@@ -13,8 +13,11 @@ from matrix_util import made_by, template, work, write_shards  # noqa: F401 (fix
 def test_data_made_by_the_configured_target_is_accepted(work):
     from dflash2.targets.builtin import load_target
 
-    write_shards(work / "data-mine", fields=made_by(load_target("target")[0]))
-    check_inputs(load_config("train.yaml", ["data.train=[data-mine]"]))  # no error: the same target
+    fields = made_by(load_target("target")[0])
+    write_shards(work / "data-mine", fields=fields)
+    write_shards(work / "data-theirs", fields={**fields, "sampling": {"off_policy": True}})
+    assert check_inputs(load_config("train.yaml", ["data.train=[data-mine]"])) == []   # the same target, regenerated
+    assert check_inputs(load_config("train.yaml", ["data.train=[data-mine,data-theirs]"])) == ["data-theirs"]
 
 
 def test_target_name_is_a_top_level_override(work):

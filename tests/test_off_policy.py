@@ -1,7 +1,7 @@
 """Training from a user's own conversations (`dflash2 regenerate --prompts FILE --off-policy`): one record
 per answered assistant turn, the prompt as the target would see it and the answer as its chat template
 renders it, up to the end-of-turn token; the manifest says the data is off-policy; and `dflash2 train`
-trains a draft on it end to end."""
+trains a draft on it end to end, naming the directory as off-policy (regenerated data is not named)."""
 from __future__ import annotations
 
 import json
@@ -19,7 +19,7 @@ from regen_util import char_tokenizer, write_prompts, write_target
 STOP = 2   # the tokenizer's </s>, closing an assistant turn in regen_util.TEMPLATE
 
 
-def test_conversations_become_off_policy_shards_and_train(tmp_path):
+def test_conversations_become_off_policy_shards_and_train(tmp_path, capsys):
     target, prompts = write_target(tmp_path / "target"), write_prompts(tmp_path / "chats.jsonl")
     out = tmp_path / "offpolicy"
     assert regen.main(["--target", str(target), "--prompts", str(prompts), "--off-policy", "--out", str(out),
@@ -47,7 +47,11 @@ def test_conversations_become_off_policy_shards_and_train(tmp_path):
 
     config = tmp_path / "train.yaml"
     config.write_text(yaml.safe_dump(train_config(str(target), str(out), str(tmp_path / "run"))))
+    capsys.readouterr()
     assert cli(["train", str(config), "train.steps=2"]) == 0
+    note = [line for line in capsys.readouterr().err.splitlines() if "off-policy" in line]
+    assert note == [f"note: data.train '{out}' is off-policy (its answers are a file's, not the target's): expect "
+                    "a lower tau than from the target's own answers to the same prompts (TRAINING.md §2)"]
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "loss" in m][-1] == 2

@@ -83,7 +83,7 @@ def test_features_only_fills_the_cache(tmp_path, monkeypatch):
 
     seqs = synthetic_sequences(5)
     monkeypatch.setattr(trainer_module, "load_sequences", lambda *a, **k: (seqs, {"records": len(seqs)}))
-    monkeypatch.setattr(trainer_module, "check_inputs", lambda cfg: None)  # data.train is no shard directory here
+    monkeypatch.setattr(trainer_module, "check_inputs", lambda cfg: [])  # data.train is no shard directory here
     target = tiny_target("llama")
     monkeypatch.setattr("dflash2.targets.builtin.load_target", lambda *a, **k: (target, None))
     config = tmp_path / "c.yaml"

@@ -17,7 +17,8 @@ Contract:
   reads, listed once, and made by the configured target (`check_data_target`: a manifest's
   recorded target against the target's config and tokenizer, its vocabulary's hash included), and `draft.init_from` is a
   loadable draft of `draft.family` (config, weights, finite values): one-line errors naming the config key,
-  before the target loads.
+  before the target loads. Returns the `data.train` directories whose manifest says they are off-policy
+  (`sampling.off_policy`: a file's own answers, not the target's), which `dflash2 train` names.
 - `check_data_weights(target, model, dirs)`: after the target loaded, the manifests' weights
   fingerprints against the loaded weights (where recorded in the same dtype).
 """
@@ -105,9 +106,9 @@ def _refuse_other_target(where: str, recorded: dict, target: str, differs: list[
                          f"{why}; set target.name to the data's target or regenerate the data with this one")
 
 
-def check_inputs(cfg: TrainConfig) -> None:
+def check_inputs(cfg: TrainConfig) -> list[str]:
     require(bool(cfg.data.train), "config key 'data.train' must list at least one shard directory")
-    made_by = {}
+    made_by, off_policy = {}, []
     for key, dirs in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
         seen: dict[Path, str] = {}
         for directory in dirs:
@@ -122,6 +123,8 @@ def check_inputs(cfg: TrainConfig) -> None:
                 raise DFlash2Error(f"config key '{key}': {err}") from None
             if isinstance(manifest.get("target"), dict):
                 made_by[f"config key '{key}': '{directory}'"] = manifest
+            if key == "data.train" and (manifest.get("sampling") or {}).get("off_policy"):
+                off_policy.append(directory)
     if made_by:
         check_data_target(cfg.target.name, made_by)
     if cfg.draft.init_from:
@@ -132,3 +135,4 @@ def check_inputs(cfg: TrainConfig) -> None:
         require(family_of(loaded) == cfg.draft.family,
                 f"config key 'draft.init_from': '{cfg.draft.init_from}' is a {family_of(loaded)} checkpoint, "
                 f"and draft.family is '{cfg.draft.family}'")
+    return off_policy

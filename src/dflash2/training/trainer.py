@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -427,7 +428,10 @@ def parse_command(argv: list[str] | None = None) -> TrainCommand:
 def main(argv: list[str] | None = None) -> int:
     command = parse_command(argv)
     cfg = load_config(command.config, list(command.overrides))
-    check_inputs(cfg)  # before the target loads
+    for directory in check_inputs(cfg):  # before the target loads
+        print(f"note: data.train '{directory}' is off-policy (its answers are a file's, not the target's): "
+              "expect a lower tau than from the target's own answers to the same prompts (TRAINING.md §2)",
+              file=sys.stderr)
     require_one_process(cfg.loss.replay_fraction, int(os.environ.get("WORLD_SIZE", "1")))
     if not command.features_only:
         prepare_run_dir(cfg, command.resume, command.overwrite, main_rank=int(os.environ.get("RANK", "0")) == 0)
