@@ -89,3 +89,26 @@ def test_dflash2s_own_llama_gets_its_float32_logits_through_its_own_head_op():
     assert z.dtype == torch.float32 and torch.equal(z.argmax(-1), exact.argmax(-1))
     assert logits.dtype == torch.float32 and logits.isfinite().all()
     assert vars(model)["head"] is own and model.head(x.to(torch.bfloat16)).dtype == torch.bfloat16   # restored
+
+
+@pytest.mark.parametrize("vocab", [300, 320, 130])
+def test_near_top_finds_what_a_whole_scan_finds(vocab):
+    """The candidates the float32 head recomputes, found block by block (and in the last V mod 64
+    tokens), are the (row, token) pairs a comparison of every logit finds: ties at the top, a second
+    token near the top, a row with many, tokens on both sides of a block boundary."""
+    from dflash2.decoding.verifier.full_logits import near_top
+
+    generator = torch.Generator().manual_seed(1)
+    z = torch.randn(40, vocab, generator=generator)
+    z[5, 7] = z[5, 9] = 9.0                            # a tie at the top
+    z[6, 3], z[6, vocab - 1] = 9.0, 8.99               # a second token near the top, in the last tokens
+    z[7, 63], z[7, 64] = 9.0, 8.995                    # either side of a block boundary (blocks of 64 below)
+    z[8] = 1.0                                          # every token at the top
+    top = z.amax(dim=-1)
+    for threshold in (top - torch.rand(40, generator=generator) * 0.8, top - 1e-6, top - 0.02):
+        before = z.clone()
+        got = list(zip(*(i.tolist() for i in near_top(z, threshold, block=64))))
+        assert torch.equal(z, before)
+        want = set(zip(*(i.tolist() for i in (z >= threshold[:, None]).nonzero(as_tuple=True))))
+        assert sorted(got) == sorted(want) and len(got) == len(set(got))
+        assert {(5, 7), (5, 9), (6, 3), (7, 63)} <= want and sum(1 for r, _ in got if r == 8) == vocab

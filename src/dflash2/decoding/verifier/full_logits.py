@@ -49,6 +49,24 @@ def direct(op, x: torch.Tensor) -> torch.Tensor:
     return op(x)
 
 
+def near_top(z: torch.Tensor, threshold: torch.Tensor, block: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, tokens) of every z[r, j] >= threshold[r], z [n, V]: the maxima of blocks of `block`
+    tokens first, then only the blocks that reach the threshold (one or two a row), and the last
+    V mod block tokens directly. A comparison of every logit and its `nonzero` cost 0.5 ms of an
+    8-token bf16 verify pass on a 2-core EPYC (V = 49,152), this about 0.1."""
+    n, vocab = z.shape
+    whole = vocab // block
+    blocks = z.as_strided((n, whole, block), (z.stride(0), block, 1))              # [n, V // block, block]
+    rows, first = (blocks.amax(dim=-1) >= threshold[:, None]).nonzero(as_tuple=True)  # [h] blocks that reach it
+    tokens = first[:, None] * block + torch.arange(block, device=z.device)            # [h, block]
+    keep = z[rows[:, None], tokens] >= threshold[rows, None]                        # [h, block]
+    rows, tokens = rows[:, None].expand_as(tokens)[keep], tokens[keep]
+    if vocab % block:
+        tail_rows, tail = (z[:, whole * block:] >= threshold[:, None]).nonzero(as_tuple=True)
+        rows, tokens = torch.cat([rows, tail_rows]), torch.cat([tokens, tail + whole * block])
+    return rows, tokens
+
+
 def final_norm(model) -> torch.nn.Module | None:
     """The norm applied to the last hidden state before the LM head (`decoder.norm`), if named so."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
@@ -110,7 +128,7 @@ class FullLogits:
         inexact = ((x - rounded.float()).abs() * self.column_bound).sum(dim=-1)          # [n] A
         top = z.amax(dim=-1)
         bound = (inexact + self.gamma * spread + self.unit * top.abs()) / (1 - 2 * self.unit)   # [n] E
-        rows, tokens = (z >= (top - 2 * bound)[:, None]).nonzero(as_tuple=True)
+        rows, tokens = near_top(z, top - 2 * bound)
         exact = (weight[tokens].float() * x[rows]).sum(dim=-1)                           # [k] x . W_j at fp32
         if bias is not None:
             exact = exact + bias[tokens].float()
