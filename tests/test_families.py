@@ -52,6 +52,15 @@ def test_families_train_measure_and_tabulate_each_arm_alike(smollm2_cache, tmp_p
     stamp = (out / "mtp" / "final" / "model.safetensors").stat().st_mtime_ns
     assert cli_main(argv) == 0   # resumable: nothing retrained or remeasured
     assert (out / "mtp" / "final" / "model.safetensors").stat().st_mtime_ns == stamp
+    assert "measured at other commits" not in (out / "families.md").read_text()   # one code version
+    assert {e["commit"] for e in result["arms"].values()} == {speed["commit"]}
+    results = out / "mtp" / "speed-t0" / "results.json"      # an arm measured by another (earlier) code version
+    earlier = json.loads(results.read_text())
+    earlier["commit"] = "0123456789abcdef"
+    results.write_text(json.dumps(earlier))
+    assert cli_main(argv) == 0
+    assert "- arms measured at other commits (resumed runs): dflash-v1 " in (out / "families.md").read_text()
+    assert ", mtp 0123456" in (out / "families.md").read_text()
     capsys.readouterr()
     for changed, message in ((["train.steps=2"], "trained with config key 'train.steps' = 1, and this run asks for 2"),
                              (["--heldout", "2"], "made with heldout = 1, and this run asks for 2"),

@@ -100,7 +100,8 @@ def arm_entry(arm: str, arm_dir: Path, trained: dict, yard: dict, speed: dict, c
              "teacher_forced_tau": summary.get("last", {}).get("tau"), "tau": yard["tau"],
              "position_acceptance": yard["extra"]["position_acceptance"],
              "draft_ms_per_cycle": yard["draft_ms_per_cycle"], "speed": {},
-             "dtype": next(iter(speed.values()))["settings"].get("dtype")}
+             "dtype": next(iter(speed.values()))["settings"].get("dtype"),
+             "commit": next(iter(speed.values())).get("commit")}   # the code its speed rows ran
     for temp, results in speed.items():
         for c in concurrency:
             cell = results["overall"]["by_concurrency"][str(c)]
@@ -137,9 +138,13 @@ def render(result: dict, concurrency: list[int]) -> str:
                                          for c in cells] for a, e in arms.items()]
     width = max(len(e["position_acceptance"]["t0"]) for e in arms.values())
     positions = [[a] + [fmt(p) for p in e["position_acceptance"]["t0"]] for a, e in arms.items()]
+    measured = {a: (e.get("commit") or "?")[:7] for a, e in arms.items()}
+    measured = measured if len(set(measured.values())) > 1 else {}
     return "\n".join([
         "# Draft families at equal budget and verify width\n",
         f"- command: `{result['command']}`", f"- commit {result['commit']}; {result['machine']}",
+        *([] if len(measured) < 2 else
+          ["- arms measured at other commits (resumed runs): " + ", ".join(f"{a} {c}" for a, c in measured.items())]),
         "- tau: the yardstick (real speculative decoding, whole block verified every cycle, the same frozen prompts "
         "for every arm); speed: `dflash2 bench` with `--speculate auto`, each arm beside its own autoregressive "
         "baseline (speedup is that ratio; tokens/s on a shared machine are noisy); target precision: "
