@@ -112,3 +112,5 @@ def test_near_top_finds_what_a_whole_scan_finds(vocab):
         want = set(zip(*(i.tolist() for i in (z >= threshold[:, None]).nonzero(as_tuple=True))))
         assert sorted(got) == sorted(want) and len(got) == len(set(got))
         assert {(5, 7), (5, 9), (6, 3), (7, 63)} <= want and sum(1 for r, _ in got if r == 8) == vocab
+        columns = z.t().contiguous().t()                 # the same values, stored column-major
+        assert sorted(zip(*(i.tolist() for i in near_top(columns, threshold, block=64)))) == sorted(got)

@@ -143,8 +143,8 @@ def render(result: dict, concurrency: list[int]) -> str:
     return "\n".join([
         "# Draft families at equal budget and verify width\n",
         f"- command: `{result['command']}`", f"- commit {result['commit']}; {result['machine']}",
-        *([] if len(measured) < 2 else
-          ["- arms measured at other commits (resumed runs): " + ", ".join(f"{a} {c}" for a, c in measured.items())]),
+        *(["- arms measured at other commits (resumed runs): " + ", ".join(f"{a} {c}" for a, c in measured.items())]
+          if measured else []),
         "- tau: the yardstick (real speculative decoding, whole block verified every cycle, the same frozen prompts "
         "for every arm); speed: `dflash2 bench` with `--speculate auto`, each arm beside its own autoregressive "
         "baseline (speedup is that ratio; tokens/s on a shared machine are noisy); target precision: "
