@@ -13,7 +13,8 @@ Contract:
   back from there afterwards, so every arm is measured on the same prompts however the data
   directories grow.
 - `measure(pipe, settings)` -> `YardstickResult`: tau per temperature (pooled: tokens committed by
-  verification / verification passes) overall and per source, the draft-pass milliseconds per
+  verification / verification passes; at T=1 over `t1_seeds` sampled runs of each prompt, seeds
+  `seed`, `seed + 1`, ...: one run of 24 prompts moves tau by up to 0.15) overall and per source, the draft-pass milliseconds per
   cycle (what a smaller LM head buys), cycles and tokens; `extra["position_acceptance"]`: per
   temperature, the share of cycles whose drafts 1..k were all accepted, k = 1..B-1.
 - `main(argv)` measures each `--draft` (a DFlash draft, or an MTP head: `--proposer mtp`, the same
@@ -30,6 +31,7 @@ import json
 import sys
 import time
 import zlib
+from itertools import product
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -63,6 +65,7 @@ class YardstickSettings:
     max_new_tokens: int = 96
     batch_size: int = 8
     seed: int = 0
+    t1_seeds: int = 1                 # sampled runs of each prompt at T=1 (seeds seed, seed + 1, ...), pooled
 
 
 @dataclass
@@ -115,11 +118,12 @@ def measure(pipe, settings: YardstickSettings, prompts: list[Prompt]) -> Yardsti
     tau, by_source, positions, draft_seconds, cycles, tokens = {}, {}, {}, 0.0, 0, 0
     clock = time.perf_counter()
     for name, sampling in TEMPERATURES.items():
-        config = GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_token_ids=tuple(pipe.stop_token_ids),
-                                  seed=settings.seed, **sampling)
+        seeds = range(settings.seed, settings.seed + (settings.t1_seeds if name == "t1" else 1))
+        configs = [GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_token_ids=tuple(pipe.stop_token_ids),
+                                    seed=seed, **sampling) for seed in seeds]
         committed: dict[str, list[int]] = {}
         reached: list[int] = []                     # cycles whose drafts 1..k were all accepted, per k
-        for start in range(0, len(prompts), settings.batch_size):
+        for config, start in product(configs, range(0, len(prompts), settings.batch_size)):
             chunk = prompts[start:start + settings.batch_size]
             results = decoder.generate([p.tokens for p in chunk], config)
             for prompt, result in zip(chunk, results):
@@ -167,8 +171,10 @@ def append_row(table: Path, row: dict) -> None:
         budget = r.get("budget", {})
         cpu = budget.get("cpu_seconds")
         sources = ", ".join(f"{k} {v:.2f}" for k, v in r["tau_by_source"]["t0"].items())
+        seeds = r.get("settings", {}).get("t1_seeds", 1)
+        t1 = f"{r['tau']['t1']:.3f}" + (f" ({seeds} seeds)" if seeds > 1 else "")
         lines.append(f"| {r['arm']} | {budget.get('steps', '')} | {budget.get('tokens', '')} | "
-                     f"{'' if cpu is None else f'{cpu / 3600:.2f}'} | {r['tau']['t0']:.3f} | {r['tau']['t1']:.3f} | "
+                     f"{'' if cpu is None else f'{cpu / 3600:.2f}'} | {r['tau']['t0']:.3f} | {t1} | "
                      f"{sources} | {r['draft_ms_per_cycle']:.1f} | {r.get('dtype', 'float32')} | {r['commit']} | "
                      f"{r['machine']} |")
     with atomic_write(table, "w") as handle:
@@ -190,6 +196,7 @@ def parse_args(argv):
     p.add_argument("--per-benchmark", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--t1-seeds", type=int, default=1, help="sampled runs of each prompt at T=1, pooled (seeds 0, 1, ...)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice); "
                    "on a shared machine 1 thread can be far steadier")
     add_device_arguments(p, exact_verify=False, weights=False)
@@ -197,7 +204,7 @@ def parse_args(argv):
     args = p.parse_args(argv)
     apply_recalibrate(args)
     args.device, _ = settle(args.device, args.dtype)
-    for name in ("heldout", "per_benchmark", "max_new_tokens", "batch_size"):
+    for name in ("heldout", "per_benchmark", "max_new_tokens", "batch_size", "t1_seeds"):
         require(getattr(args, name) > 0, f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     announce_threads(args.threads)
     require(args.arm is None or len(args.arm) == len(args.draft), "give one --arm per --draft (or none)")
@@ -225,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
         settings = YardstickSettings(tuple(args.data), args.heldout, args.per_benchmark, args.max_new_tokens,
-                                     args.batch_size)
+                                     args.batch_size, t1_seeds=args.t1_seeds)
         use_threads(args.threads)
         for i, draft in enumerate(args.draft):
             pipe = load_decoder(args.target, draft, args.device, args.dtype, speculate="always",
@@ -240,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                    "threads": torch.get_num_threads(),
                    "machine_identity": machine_identity()}
             append_row(Path(args.table), row)
-            print(f"{arm}: tau T=0 {result.tau['t0']:.3f}, T=1 {result.tau['t1']:.3f}, draft "
+            print(f"{arm}: tau T=0 {result.tau['t0']:.3f}, T=1 {result.tau['t1']:.3f} ({args.t1_seeds} seed(s)), draft "
                   f"{result.draft_ms_per_cycle:.1f} ms/cycle ({result.prompts} prompts, {result.seconds:.0f} s)")
     except DFlash2Error as error:
         print(f"error: {error}", file=sys.stderr)
