@@ -15,7 +15,8 @@ Contract:
   laid out [b, n_blocks, B]: queries are block tokens only, keys/values are `[context ; blocks]`,
   `mask` [b, 1, n*B, L + n*B] (True = visible) encodes window / causality / block sparsity.
   Returns hidden states after the final norm, [b, n, B, H].
-- `logits(hidden)` applies the target LM head, `output_multiplier` and the optional softcap.
+- `logits(hidden)` applies the target LM head, `output_multiplier` and the optional softcap; a reduced
+  draft vocabulary (`d2t` / `t2d`) scores its rows, sliced anew whenever it is set or loaded.
 - `pack()` (the proposer calls it) keeps inference copies of the projections (`model.packing`:
   q/k/v and gate/up each one matmul, oneDNN-prepacked at bfloat16 on the CPU) that passes without
   gradients use; parameters, `state_dict()`, training and export see the unpacked module; the
@@ -226,6 +227,7 @@ class DFlash2DraftModel(nn.Module):
             kept[:config.draft_vocab_size] = True
             self.register_buffer("t2d", kept)
         self.register_buffer("draft_head", None, persistent=False)       # [Vd, H] rows of lm_head_weight
+        self.register_load_state_dict_post_hook(DFlash2DraftModel._slice_head)   # a loaded vocabulary
         self._borrowed: _Borrowed | None = None
         self.packed_fc = self.packed_head = None   # `pack`
         self.packing = True       # analysis switch: False keeps every pass on the modules' own matmuls
@@ -302,7 +304,7 @@ class DFlash2DraftModel(nn.Module):
         """Draft ids (positions in the LM-head output) -> target ids."""
         return ids + self.d2t[ids] if self.reduced_vocabulary else ids
 
-    def _slice_head(self) -> None:
+    def _slice_head(self, incompatible_keys=None) -> None:   # (a load_state_dict post hook too)
         if self.reduced_vocabulary and self.lm_head_weight is not None:
             self.draft_head = self.lm_head_weight[self.draft_token_ids().to(self.lm_head_weight.device)]
 
