@@ -14,9 +14,10 @@ Contract:
   directories grow.
 - `measure(pipe, settings)` -> `YardstickResult`: tau per temperature (pooled: tokens committed by
   verification / verification passes; at T=1 over `t1_seeds` sampled runs of each prompt, seeds
-  `seed`, `seed + 1`, ...: one run of 24 prompts moves tau by up to 0.15) overall and per source, the draft-pass milliseconds per
-  cycle (what a smaller LM head buys), cycles and tokens; `extra["position_acceptance"]`: per
-  temperature, the share of cycles whose drafts 1..k were all accepted, k = 1..B-1.
+  `seed`, `seed + 1`, ...: one run of 24 prompts moves tau by up to 0.15) overall and per source,
+  the draft-pass milliseconds per cycle (what a smaller LM head buys), cycles and tokens;
+  `extra["position_acceptance"]`: per temperature, the share of cycles whose drafts 1..k were all
+  accepted, k = 1..B-1.
 - `main(argv)` measures each `--draft` (a DFlash draft, or an MTP head: `--proposer mtp`, the same
   yardstick), prints one line per draft and appends a row to
   `--table` (markdown) and its `.jsonl` twin: arm name, training budget read from the run's
@@ -31,8 +32,8 @@ import json
 import sys
 import time
 import zlib
-from itertools import product
 from dataclasses import asdict, dataclass, field
+from itertools import product
 from pathlib import Path
 
 import torch
