@@ -4,10 +4,12 @@ back to the full vocabulary losslessly; bad input is one line and nothing is ove
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from dflash2.data.shards import Record, ShardWriter
+from dflash2.argparsing import first_paragraph
 from dflash2.model.draft import DFlash2DraftModel
 from dflash2.targets.tiny import tiny_draft, tiny_target
 from dflash2.training.revocab import main
@@ -62,3 +64,13 @@ def test_bad_input_is_one_line_and_nothing_is_overwritten(tmp_path, capsys):
     assert main([str(tmp_path / "missing"), "--data", str(data), "--size", "4", "--out", str(tmp_path / "n")]) == 2
     assert "missing" in capsys.readouterr().err
     assert sorted(p.name for p in out.iterdir()) == ["mine.txt"] and not (tmp_path / "new").exists()
+
+
+def test_its_help_describes_it_in_whole_sentences(capsys):
+    """`--help` gives the docstring's first paragraph, not its first line cut mid-sentence."""
+    assert first_paragraph("`x`: a sentence that runs\n  over two lines.\n\nContract: more.") == \
+        "`x`: a sentence that runs over two lines."
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "the same draft with a frequency-ranked draft vocabulary, without training." in help_text

@@ -23,7 +23,8 @@ against this torch build and machine, the dtype's name (`devices.settle`), befor
 `--weights` of every command that loads a target (generate, serve, regenerate and yardstick add it themselves). `add_recalibrate_argument(p)` is
 the one `--recalibrate` of every command that decodes (generate, bench, analyze, cycles,
 yardstick, serve); `apply_recalibrate(args)` passes it on to the cost model's calibration store. `parse_list(text, what)` splits a
-comma-separated option, refusing an empty one. `say(message, who)`: one progress line of a command
+comma-separated option, refusing an empty one. `first_paragraph(doc)`: a module docstring's first paragraph
+on one line, a command's `--help` description. `say(message, who)`: one progress line of a command
 on stderr, `who: message`, written around any progress bar on the screen.
 """
 from __future__ import annotations
@@ -204,6 +205,11 @@ def say(message: str, who: str = "dflash2") -> None:
     from tqdm import tqdm
 
     tqdm.write(f"{who}: {message}", file=sys.stderr)
+
+
+def first_paragraph(doc: str | None) -> str:
+    """The first paragraph of `doc` as one line (a docstring's first line may stop mid-sentence)."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
 
 
 def parse_list(text: str, what: str) -> list[str]:

@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from dflash2.argparsing import OneLineParser, parse_list, run_command
+from dflash2.argparsing import OneLineParser, first_paragraph, parse_list, run_command
 from dflash2.errors import require
 from dflash2.files.atomic import markdown_table, require_writable, write_json
 
@@ -79,7 +79,7 @@ def compare(arm, arms: list, tokenizer) -> dict:
 
 
 def parse_args(argv: list[str]):
-    p = OneLineParser(prog="dflash2 acceptance", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="dflash2 acceptance", description=first_paragraph(__doc__))
     p.add_argument("--draft", default=None, help="draft checkpoint directory (default: the target's shipped draft)")
     p.add_argument("--target", default="smollm2", help="built-in name or local Hugging Face directory")
     p.add_argument("--target-gguf", default=None, help="the target's GGUF for llama.cpp (built-in targets have one)")

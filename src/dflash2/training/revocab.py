@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from dflash2.argparsing import OneLineParser
+from dflash2.argparsing import OneLineParser, first_paragraph
 from dflash2.data.holdout import is_held_out
 from dflash2.data.shards import load_manifest, read_records
 from dflash2.data.vocab import coverage, frequency_vocabulary
@@ -54,7 +54,7 @@ def revocabulary(draft: DFlash2DraftModel, sequences, size: int | None, stops=()
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = OneLineParser(prog="python -m dflash2.training.revocab", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m dflash2.training.revocab", description=first_paragraph(__doc__))
     p.add_argument("draft", help="draft checkpoint directory")
     p.add_argument("--data", action="append", required=True, help="regenerated data directory (repeat for several)")
     p.add_argument("--size", type=int, required=True, help="draft vocabulary size (0: the target's whole vocabulary)")

@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash2.argparsing import OneLineParser
+from dflash2.argparsing import OneLineParser, first_paragraph
 from dflash2.errors import DFlash2Error, require
 from dflash2.tools.gpu import parts as gpu_parts, regen
 from dflash2.tools.gpu.features import fill_features
@@ -456,7 +456,7 @@ def _settings(args) -> JobSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m dflash2.tools.gpu.job", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m dflash2.tools.gpu.job", description=first_paragraph(__doc__))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for command in ("train", "smoke", "check"):
         p = sub.add_parser(command)

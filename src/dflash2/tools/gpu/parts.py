@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from dflash2.argparsing import OneLineParser, run_command
+from dflash2.argparsing import OneLineParser, first_paragraph, run_command
 from dflash2.errors import DFlash2Error, require
 from dflash2.files.atomic import atomic_directory, atomic_write, sha256_file
 
@@ -451,7 +451,7 @@ def _collect(args) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = OneLineParser(prog="python -m dflash2.tools.gpu.parts", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m dflash2.tools.gpu.parts", description=first_paragraph(__doc__))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     split = sub.add_parser("split-target", help="split a target's GGUF into parts for device calls; print the calls")
     split.add_argument("--target", default="smollm2", help="built-in target whose GGUF to split (and convert there)")

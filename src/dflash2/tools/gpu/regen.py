@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash2.argparsing import OneLineParser, run_command
+from dflash2.argparsing import OneLineParser, first_paragraph, run_command
 from dflash2.errors import require
 from dflash2.tools.gpu import parts as gpu_parts
 from dflash2.training.data_identity import sampling_fields, target_fields, tokenizer_fields
@@ -153,7 +153,7 @@ def collect_data(parts_dir: str | Path, dest: str | Path) -> dict:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = OneLineParser(prog="python -m dflash2.tools.gpu.regen", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m dflash2.tools.gpu.regen", description=first_paragraph(__doc__))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     p = sub.add_parser("prompts", help="encode training prompts as token ids for the device")
     p.add_argument("--target", default="smollm2")

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from dflash2.decoding.loop.engine import GenerationConfig
 from dflash2.files.atomic import write_json
 from dflash2.errors import DFlash2Error, require
-from dflash2.argparsing import ModelSettings, add_model_arguments, parse_list
+from dflash2.argparsing import ModelSettings, add_model_arguments, first_paragraph, parse_list
 from dflash2.data.prompts import load_conversations
 from dflash2.pipeline import build_pipeline
 from dflash2.runtime.provenance import cpu_model
@@ -84,7 +84,7 @@ def render(profiles: list[CycleProfile], header: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dflash2.tools.profile.cycles", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m dflash2.tools.profile.cycles", description=first_paragraph(__doc__))
     add_model_arguments(parser)
     parser.add_argument("--batch", default="1,8,32", help="comma list of batch sizes")
     parser.add_argument("--new-tokens", type=int, default=64)

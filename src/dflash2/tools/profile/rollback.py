@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from dflash2.argparsing import first_paragraph
 from dflash2.targets import delta_rule
 from dflash2.files.atomic import write_json
 from dflash2.errors import require
@@ -109,7 +110,7 @@ def render(rows: list[RollbackCost], header: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dflash2.tools.profile.rollback", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m dflash2.tools.profile.rollback", description=first_paragraph(__doc__))
     parser.add_argument("--target", required=True, help="local HF dirs or built-in names, comma-separated (hybrids, "
                         "or attention-only targets for their verify / plain ratio); each batch size runs on each in turn")
     parser.add_argument("--batch", default="1,8", help="batch sizes, comma-separated")

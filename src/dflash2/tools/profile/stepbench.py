@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from dflash2.argparsing import parse_list
+from dflash2.argparsing import first_paragraph, parse_list
 from dflash2.decoding.verifier.adapter import TargetAdapter
 from dflash2.errors import DFlash2Error, require
 from dflash2.files.atomic import atomic_write
@@ -175,7 +175,7 @@ def _share(row: PassTiming, form: str, bandwidth: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dflash2.tools.profile.stepbench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m dflash2.tools.profile.stepbench", description=first_paragraph(__doc__))
     parser.add_argument("--target", default="smollm2")
     parser.add_argument("--dtype", default="float32,bfloat16", help="comma list: float32, bfloat16")
     parser.add_argument("--forms", default="packed,plain", help="comma list of projection weight forms: "
