@@ -7,8 +7,10 @@ Random weights of the target's shapes (one copy per layer, so the pass streams t
 a real step does). Kernels, interleaved pass by pass, medians: `F.linear` (MKL: what the plain step
 runs at float32), oneDNN's prepacked weight (`mkldnn._linear_pointwise`, the verify pass's kernel;
 layout hint 1 and 8), and `x @ W^T` with W^T stored [in, out]. Prints ms per pass, the weight bytes
-it read per second, the machine's read bandwidth (a float32 sum over 512 MiB) and whether each kernel
-gives `F.linear`'s bits. Not part of the test run.
+it read per second, the machine's read bandwidth (a float32 sum over 512 MiB), whether each kernel
+gives `F.linear`'s bits, and whether it is row-invariant: each row of a `--rows`-row product (when
+`--rows` > 1) has the bits that row gets alone, as a verify pass's rows would need to match the plain
+step's. Not part of the test run.
 """
 from __future__ import annotations
 
@@ -58,10 +60,23 @@ def main() -> None:
     gigabytes = sum(w.numel() for w in weights) * 4 / 1e9
     reference = [linear(w) for w in weights]
     print(f"{args.rows}-row float32 products of a SmolLM2-135M pass ({gigabytes:.2f} GB of weights), {args.threads} threads")
+    full = {size: x.clone() for size, x in inputs.items()}   # the --rows-row inputs
     for name, kernel in kernels.items():
         ms = statistics.median(times[name][1:]) * 1e3
         same = all(torch.equal(kernel(i), reference[i]) for i in range(len(weights)))
-        print(f"  {name:26s} {ms:7.1f} ms  {gigabytes / ms * 1e3:5.1f} GB/s  F.linear's bits: {same}")
+        line = f"  {name:26s} {ms:7.1f} ms  {gigabytes / ms * 1e3:5.1f} GB/s  F.linear's bits: {same}"
+        if args.rows > 1:
+            together = [kernel(i) for i in range(len(weights))]
+            alone = []
+            for r in range(args.rows):                       # each row as a one-row product
+                for size in full:
+                    inputs[size] = full[size][r:r + 1]
+                alone.append([kernel(i) for i in range(len(weights))])
+            inputs.update(full)
+            invariant = all(torch.equal(together[i][r], alone[r][i][0])
+                            for i in range(len(weights)) for r in range(args.rows))
+            line += f"  row-invariant: {invariant}"
+        print(line)
     buffer = torch.ones(512 * 2**20 // 4)
     reads = []
     for _ in range(5):
