@@ -262,6 +262,14 @@ def test_gguf_export_says_how_to_get_llama_cpp_where_it_is_absent(tmp_path, caps
     code = main(["export", str(tmp_path / "src"), "--to", "gguf", "--out", str(tmp_path / "out2"), "--no-advice",
                  "--target", str(tmp_path / "target.gguf")])
     assert code == 0 and "llama.cpp" not in capsys.readouterr().out.split("serve it:")[0]
+    # llama.cpp found, but the target's GGUF holds only its tokenizer: the export is written, the advice
+    # says why it is not measured (it used to convert that GGUF into a default-sized 7B model)
+    monkeypatch.setattr(llama_cpp, "find_llama_cpp", lambda explicit=None: llama_cpp.LlamaCpp(tmp_path))
+    code = main(["export", str(tmp_path / "src"), "--to", "gguf", "--out", str(tmp_path / "out3"),
+                 "--target", str(tmp_path / "target.gguf")])
+    printed = capsys.readouterr().out
+    assert code == 0 and (tmp_path / "out3" / "draft.gguf").is_file()
+    assert "not measured" in printed and "holds no model weights" in printed
 
 
 @needs_llama_cpp

@@ -242,6 +242,21 @@ def test_convert_gguf_from_an_explicit_path(tmp_path):
         builtin.convert_gguf(tmp_path / "junk.gguf", tmp_path / "other")
 
 
+def test_convert_gguf_refuses_a_tokenizer_only_gguf_before_loading(tmp_path, monkeypatch):
+    """A GGUF with a vocabulary and no tensors made transformers build its architecture's default model
+    (a 7B Llama in float32: 27 GB, the test process was killed); it is refused before anything loads."""
+    from dflash2.targets import builtin
+    from test_export import _tokenizer_gguf
+
+    def must_not_load(gguf):
+        raise AssertionError(f"{gguf} was loaded")
+
+    monkeypatch.setattr(builtin, "_dequantized_model", must_not_load)
+    with pytest.raises(DFlash2Error, match="holds no model weights"):
+        builtin.convert_gguf(_tokenizer_gguf(tmp_path / "vocab.gguf", 300), tmp_path / "target")
+    assert not (tmp_path / "target").exists()
+
+
 def test_gpu_config_has_the_shipped_draft_shape():
     gpu, cpu = load_config(REPO / "configs/smollm2-dflash2-gpu.yaml"), load_config(REPO / "configs/smollm2-dflash2.yaml")
     assert gpu.draft.shape() == cpu.draft.shape() and gpu.draft.warm_start_from_target

@@ -77,6 +77,12 @@ def advice(args: argparse.Namespace, result: ExportResult) -> list[str]:
     lc = llama_cpp.find_llama_cpp(args.llama_cpp)
     if lc is None:
         return [f"whether this draft pays in llama.cpp here is not measured: {llama_cpp.INSTALL_HINT}"]
+    if args.target.endswith(".gguf"):
+        from dflash2.targets.builtin import check_gguf_model
+        try:
+            check_gguf_model(Path(args.target))
+        except DFlash2Error as why:         # e.g. a tokenizer-only GGUF: enough for the export, not for timing
+            return [f"whether this draft pays in llama.cpp here is not measured: {why}"]
     from dflash2.export.llama_cpp_advice import advice_for_export
     return advice_for_export(lc, args.target, Path(args.draft), result.out / GGUF_FILE,
                              max(args.measure_prompts, 1), args.measure_tokens, args.advice_threads)

