@@ -1,6 +1,7 @@
 """The built-in Llama's fused / packed projections (`model.projections`) compute what the separate
 linear layers compute: the same bits where the contract says so (every pass at bfloat16, the
-one-row step at float32), rounding only elsewhere; the parts keep their names and storage; casts,
+one-row step at float32 unless oneDNN's layout is row-invariant there), rounding only elsewhere;
+where it is, every float32 pass gives each row its one-row bits; the parts keep their names and storage; casts,
 reloads and gradients still reach them."""
 from __future__ import annotations
 
@@ -44,13 +45,14 @@ def test_a_projection_is_its_parts(name, dtype):
     projection = Projection(*parts)
     projection.refresh("packed")
     packed_bf16 = dtype == torch.bfloat16 and projection.packed is not None
+    invariant_f32 = dtype == torch.float32 and projection.invariant      # packed for one row too
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for rows in (1, 2, 8, 24, 32, 33, 64, 128, 129, 300):
             x = torch.randn(1, rows, inputs, generator=generator).to(dtype)
             ours, reference = projection(x), _reference(parts, x)
-            choice = kernel(rows, dtype, projection.packed is not None)
-            if rows == 1 or choice == PARTS or (packed_bf16 and rows <= projections.SAME_BITS_ROWS):
+            choice = kernel(rows, dtype, projection.packed is not None, projection.invariant)
+            if (rows == 1 and not invariant_f32) or choice == PARTS or (packed_bf16 and rows <= projections.SAME_BITS_ROWS):
                 assert torch.equal(ours, reference), (rows, choice)
             else:
                 scale = reference.abs().max().item()
@@ -58,13 +60,40 @@ def test_a_projection_is_its_parts(name, dtype):
                                            else 1e-2 * scale)
             # row-invariant on AMX (a verify pass's rows are one-row steps); an AMD EPYC without AMX
             # rounds the 1536-wide down projection's rows otherwise among 24 (oneDNN's avx512 kernel)
-            if packed_bf16 and choice == PACKED and "amx_bf16" in cpu_flags():
+            # float32 packed where the probe found it row-invariant: every pass of up to FUSED_ROWS rows
+            if choice == PACKED and ((packed_bf16 and "amx_bf16" in cpu_flags()) or invariant_f32):
                 one_by_one = torch.cat([projection(x[:, i:i + 1]) for i in range(rows)], dim=1)
                 assert torch.equal(ours, one_by_one), rows
 
 
+def test_the_row_invariance_probe_sees_a_kernel_that_rounds_by_row_count(monkeypatch):
+    """A packed kernel whose rows round otherwise among others must keep the float32 one-row step on
+    `F.linear` (transformers' bits); the probe is not blind."""
+    if not projections.can_pack(torch.zeros(1, 1)):
+        pytest.skip("no oneDNN packing on this build")
+    exact = projections._packed_product
+
+    def rounds_by_row_count(x, packed):
+        out = exact(x, packed)
+        return out if x.shape[0] == 1 else out + out.abs() * 2 ** -22     # one ulp-ish off among others
+    monkeypatch.setattr(projections, "_INVARIANT", {})
+    monkeypatch.setattr(projections, "_packed_product", rounds_by_row_count)
+    parts = _parts(*SHAPES["down"], torch.float32, seed=1)
+    projection = Projection(*parts)
+    projection.refresh("packed")
+    assert projection.packed is not None and not projection.invariant
+    x = torch.randn(1, 1, 1536)
+    assert torch.equal(projection(x), _reference(parts, x))          # the one-row step stays MKL's
+    monkeypatch.setattr(projections, "_INVARIANT", {})
+    monkeypatch.setattr(projections, "_packed_product", exact)
+    projection.refresh("packed")
+    assert projection.invariant == projections.row_invariant(projection.packed, (576, 1536), torch.float32)
+
+
 def test_the_kernel_choice():
-    assert kernel(1, torch.float32, True) == FUSED            # the plain step at float32: MKL, as before
+    assert kernel(1, torch.float32, True) == FUSED            # float32, packed layout not row-invariant: MKL
+    assert kernel(1, torch.float32, True, invariant=True) == PACKED    # row-invariant: the verify pass's kernel
+    assert kernel(1, torch.float32, False, invariant=True) == FUSED
     assert kernel(8, torch.float32, True) == PACKED
     assert kernel(1, torch.bfloat16, True) == PACKED
     assert kernel(8, torch.bfloat16, False) == FUSED          # nothing packed (CUDA, no oneDNN)
@@ -138,7 +167,12 @@ def test_packing_changes_no_bit_of_a_step():
         projections.set_weights(plain, "plain")
         assert all(p.packed is None for m in plain.modules() if isinstance(m, projections.Fusing)
                    for p in m.projections())
-        assert torch.equal(_logits(packed, ids[:, :1]), _logits(plain, ids[:, :1]))   # one row
+        one_row_packed = any(p.invariant for m in packed.modules() if isinstance(m, projections.Fusing)
+                             for p in m.projections())
+        if one_row_packed:                # float32 where oneDNN's layout is row-invariant: rounding only
+            torch.testing.assert_close(_logits(packed, ids[:, :1]), _logits(plain, ids[:, :1]), rtol=0, atol=1e-5)
+        else:
+            assert torch.equal(_logits(packed, ids[:, :1]), _logits(plain, ids[:, :1]))   # one row
         if dtype == torch.bfloat16:
             assert torch.equal(_logits(packed, ids), _logits(plain, ids))
 

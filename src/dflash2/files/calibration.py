@@ -3,7 +3,8 @@ numerics, read back while it is young.
 
 Contract: `calibration_path(target, block)`: `cache_dir()/calibration/<key>.json`, the key covering
 the CPU, cores, threads, torch, device, the target's config and first weights, its dtype and how a
-pass computes in it (the float32 LM head, `--exact-verify`'s attention, `--weights`), and the block.
+pass computes in it (the float32 LM head, `--exact-verify`'s attention, `--weights`, the float32
+one-row step's kernel), and the block.
 `read_calibration(path)` -> ({(b, q): seconds}, measured_at), or None: nothing stored, unreadable,
 another format, older than `MAX_AGE_S`, or without both a plain step (q = 1) and a wider pass (such
 figures could not weigh speculation against plain decoding). `write_calibration(path, table,
@@ -45,7 +46,10 @@ def calibration_path(target, block: int) -> Path:
         "numerics": {"full_logits": bool(getattr(getattr(target, "full_logits", None), "active", False)),
                      "exact_verify": bool(getattr(target, "exact_verify", False)),
                      # the forms its projections keep their weights in (model.projections: packed, int4, ...)
-                     "weights": sorted({str(m.form) for m in model.modules() if hasattr(m, "form")})},
+                     "weights": sorted({str(m.form) for m in model.modules() if hasattr(m, "form")}),
+                     # the float32 one-row step on the packed kernel where it is row-invariant (projections.kernel)
+                     "one_row_packed": any(getattr(p, "invariant", False) for m in model.modules()
+                                           if hasattr(m, "projections") for p in m.projections())},
     }
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
     return cache_dir() / "calibration" / f"{key}.json"

@@ -24,10 +24,15 @@ Contract:
     `FUSED_ROWS` on CPUs with AMX (a verify pass's rows get the one-row step's bits;
     tests/test_projections.py checks both per shape; on an AMD EPYC without AMX the 1536-wide
     down projection's rows round otherwise among 24);
-  * float32, one row (the plain step): `F.linear` on the fused weight, the same bits as the parts'
-    (MKL) — plain decoding at float32 is what it was;
-  * float32, several rows (verify passes) with a packed weight: the packed kernel (1.4x faster at 8
-    rows); like MKL's own several-row kernel, it rounds differently from the one-row step;
+  * float32 with a packed weight (laid out for 8 rows), where that layout is row-invariant on this
+    CPU for the weight's shape (`row_invariant`, probed once per shape and thread count): the
+    packed kernel for every pass, one row included, so a verify pass's products give each row the
+    plain step's bits (on the AVX2-only AMD EPYC measured, every shape of the built-in target, 1 to
+    128 rows, and a one-row step 1.37x faster than MKL's `F.linear`: docs/cycle-cost.md). Its bits
+    differ from transformers' `F.linear` by rounding (~1e-6 relative);
+  * float32, one row, where that layout is not row-invariant: `F.linear` on the fused weight, the
+    same bits as the parts' (MKL); several rows: the packed kernel (1.4x faster at 8 rows), which
+    then rounds differently from the one-row step;
   * otherwise `F.linear` on the fused weight.
 - Whatever replaces or casts the parts' tensors (`load_state_dict(assign=True)`, `.to()`,
   `.float()`) must be followed by `refresh`: `Fusing`, the mixin of the modules owning
@@ -51,18 +56,41 @@ FUSED_ROWS = 128                  # passes up to this many rows (batch x tokens)
 QUANTIZED_ROWS = 32               # quantized weights: passes up to this many rows run the quantized kernel
 SAME_BITS_ROWS = 32               # bfloat16: packed and `F.linear` agree bit for bit up to here
 PACKED_ROWS_HINT = {torch.bfloat16: 1, torch.float32: 8}   # oneDNN layout hint: the passes it serves
+PROBE_ROWS = 5                    # float32: `row_invariant` compares passes of 2..5 rows with single rows
 
 PARTS, FUSED, PACKED = "parts", "fused", "packed"
 FORMATS = ("packed", "plain") + quantized.SCHEMES   # how a model's projections keep their weights
 
 
-def kernel(rows: int, dtype: torch.dtype, packed: bool) -> str:
-    """Which kernel a pass of `rows` rows runs (see the contract)."""
+def kernel(rows: int, dtype: torch.dtype, packed: bool, invariant: bool = False) -> str:
+    """Which kernel a pass of `rows` rows runs (see the contract); `invariant`: the packed weight
+    gives each row its one-row bits (`row_invariant`)."""
     if rows > FUSED_ROWS:
         return PARTS
-    if packed and (dtype == torch.bfloat16 or rows > 1):
+    if packed and (dtype == torch.bfloat16 or rows > 1 or invariant):
         return PACKED
     return FUSED
+
+
+def _packed_product(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+_INVARIANT: dict[tuple, bool] = {}     # (out, in, dtype, threads) -> what `row_invariant` found
+
+
+def row_invariant(packed: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) -> bool:
+    """Whether the packed kernel gives each of 2..`PROBE_ROWS` rows the bits it gets alone, for a
+    weight of `shape` (out, in) at `dtype` with the current thread count: probed once on `packed`
+    (random rows, ~0.1 s for a 49k-row LM head at float32), then remembered."""
+    key = (*shape, dtype, torch.get_num_threads())
+    if key not in _INVARIANT:
+        x = torch.randn(PROBE_ROWS, shape[1], generator=torch.Generator().manual_seed(0)).to(dtype)
+        with torch.no_grad():
+            alone = torch.cat([_packed_product(x[i:i + 1], packed) for i in range(PROBE_ROWS)])
+            _INVARIANT[key] = all(torch.equal(_packed_product(x[:n], packed), alone[:n])
+                                  for n in range(2, PROBE_ROWS + 1))
+    return _INVARIANT[key]
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -85,6 +113,7 @@ class Projection:
         self.sizes = [p.out_features for p in parts]
         self.weight: torch.Tensor | None = None       # [sum(out), in]
         self.packed: torch.Tensor | None = None       # oneDNN's layout of `weight`
+        self.invariant = False                        # float32: the packed kernel is row-invariant here
 
     def refresh(self, form: str = "packed", share: bool = True) -> None:
         """Concatenate the parts' weights, make each part's parameter a view of its rows, and keep
@@ -92,6 +121,7 @@ class Projection:
         parts' parameters as they are and keeps a copy instead (modules that train: their
         optimisers hold those parameters)."""
         self.packed = self.quantized = self.dequantized = None
+        self.invariant = False
         if any(p.weight.is_meta for p in self.parts):
             self.weight = None                          # built on the meta device: weights come later
             return
@@ -111,6 +141,8 @@ class Projection:
             self.dequantized = quantized.dequantize(weight, form).to(weight.dtype)     # [sum(out), in]
         elif form == "packed" and weight.dtype in PACKED_ROWS_HINT and can_pack(weight):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_ROWS_HINT[weight.dtype])
+            if weight.dtype == torch.float32:
+                self.invariant = row_invariant(self.packed, tuple(weight.shape), weight.dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
@@ -118,14 +150,14 @@ class Projection:
             if rows <= QUANTIZED_ROWS:
                 return quantized.matmul(x, self.quantized)
             return F.linear(x, self.dequantized)
-        choice = kernel(rows, x.dtype, self.packed is not None)
+        choice = kernel(rows, x.dtype, self.packed is not None, self.invariant)
         if (choice == PARTS or (torch.is_grad_enabled() and self.parts[0].weight.requires_grad)
                 or torch.is_autocast_enabled(x.device.type)):   # autocast casts per op: F.linear's rule
             outs = [F.linear(x, p.weight) for p in self.parts]
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         require(self.weight is not None, "fused projection used before its weights were loaded")
         if choice == PACKED:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+            return _packed_product(x, self.packed)
         return F.linear(x, self.weight)
 
 
