@@ -1,5 +1,6 @@
-"""`--exact-verify`: verify passes that reproduce one-token steps, so bfloat16 greedy output is plain
-decoding's token for token; query-by-query attention that computes attention; the refusals."""
+"""`--exact-verify`: verify passes that reproduce one-token steps, so greedy output is plain decoding's
+token for token at bfloat16 and at float32 (dflash2's Llama on oneDNN's packed kernel); query-by-query
+attention that computes attention; the refusals."""
 from __future__ import annotations
 
 import pytest
@@ -123,17 +124,46 @@ def test_recurrent_targets_and_products_that_are_not_batch_invariant_are_refused
             check_plan(plain, "cpu", torch.float32)
 
 
+def test_the_own_llama_at_float32_is_probed_on_the_kernel_it_multiplies_by(monkeypatch):
+    """dflash2's Llama multiplies by oneDNN's packed kernel at float32 on a CPU: that kernel is probed
+    (not MKL's `F.linear`), and one that rounds a row otherwise among others is still refused."""
+    from dflash2.model import projections
+    from dflash2.targets.llama import LlamaTargetConfig
+
+    own = LlamaTargetConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
+                            vocab_size=49152, num_hidden_layers=2, head_dim=64)
+    if not projections.can_pack(torch.zeros(1, 1)):
+        pytest.skip("no oneDNN packing in this build")
+    holds, _ = batch_invariant(linear_shapes(own), torch.float32, "cpu", packed=True)
+    if holds:
+        check_plan(own, "cpu", torch.float32)
+    exact_kernel = projections.packed_product
+    monkeypatch.setattr(projections, "packed_product", lambda x, w: exact_kernel(x, w) * (1 + 2 ** -20 * (x.shape[0] > 2)))
+    with pytest.raises(DFlash2Error, match="float32 product of 3 rows rounds differently"):
+        check_plan(own, "cpu", torch.float32)
+
+
+def _exact_decoder(dtype: str):
+    try:
+        return load_decoder("smollm2", dtype=dtype, proposer="hybrid", exact_verify=True)
+    except DFlash2Error as err:
+        pytest.skip(f"--exact-verify does not hold here at {dtype}: {err}")
+
+
 @pytest.fixture(scope="module")
 def exact_bf16(smollm2_cache):
-    try:
-        return load_decoder("smollm2", dtype="bfloat16", proposer="hybrid", exact_verify=True)
-    except DFlash2Error as err:
-        pytest.skip(f"--exact-verify does not hold here: {err}")
+    return _exact_decoder("bfloat16")
+
+
+@pytest.fixture(scope="module", params=["bfloat16", "float32"])
+def exact(request, smollm2_cache):
+    """bfloat16 (CPUs with avx512_bf16 / AMX) and float32 (dflash2's Llama on oneDNN's packed kernel)."""
+    return _exact_decoder(request.param)
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-def test_bfloat16_greedy_output_is_plain_decodings_token_for_token(exact_bf16, batch):
-    pipe = exact_bf16
+def test_greedy_output_is_plain_decodings_token_for_token(exact, batch):
+    pipe = exact
     prompts = [encode_prompt(pipe.tokenizer, text) for text in PROMPTS]
     config = GenerationConfig(max_new_tokens=48, stop_token_ids=tuple(pipe.stop_token_ids))
     plain = SpeculativeDecoder(pipe.decoder.target)
@@ -170,9 +200,9 @@ def test_the_cli_refuses_exact_verify_where_it_cannot_hold_before_loading(monkey
     assert len(err) == 1 and err[0].startswith("error: --exact-verify needs batch-invariant matrix products")
 
 
-def test_verify_pass_logits_equal_one_token_steps_bit_for_bit(exact_bf16):
-    target = exact_bf16.decoder.target
-    ids = encode_prompt(exact_bf16.tokenizer, PROMPTS[0])
+def test_verify_pass_logits_equal_one_token_steps_bit_for_bit(exact):
+    target = exact.decoder.target
+    ids = encode_prompt(exact.tokenizer, PROMPTS[0])
     following = list(range(1000, 1016))
     passes = {}
     for q in (1, 3, 8):

@@ -71,13 +71,13 @@ def test_the_row_invariance_probe_sees_a_kernel_that_rounds_by_row_count(monkeyp
     `F.linear` (transformers' bits); the probe is not blind."""
     if not projections.can_pack(torch.zeros(1, 1)):
         pytest.skip("no oneDNN packing on this build")
-    exact = projections._packed_product
+    exact = projections.packed_product
 
     def rounds_by_row_count(x, packed):
         out = exact(x, packed)
         return out if x.shape[0] == 1 else out + out.abs() * 2 ** -22     # one ulp-ish off among others
     monkeypatch.setattr(projections, "_INVARIANT", {})
-    monkeypatch.setattr(projections, "_packed_product", rounds_by_row_count)
+    monkeypatch.setattr(projections, "packed_product", rounds_by_row_count)
     parts = _parts(*SHAPES["down"], torch.float32, seed=1)
     projection = Projection(*parts)
     projection.refresh("packed")
@@ -85,7 +85,7 @@ def test_the_row_invariance_probe_sees_a_kernel_that_rounds_by_row_count(monkeyp
     x = torch.randn(1, 1, 1536)
     assert torch.equal(projection(x), _reference(parts, x))          # the one-row step stays MKL's
     monkeypatch.setattr(projections, "_INVARIANT", {})
-    monkeypatch.setattr(projections, "_packed_product", exact)
+    monkeypatch.setattr(projections, "packed_product", exact)
     projection.refresh("packed")
     assert projection.invariant == projections.row_invariant(projection.packed, (576, 1536), torch.float32)
 

@@ -180,7 +180,8 @@ def add_device_arguments(parser, exact_verify: bool = True, weights: bool = True
                             help="verify passes compute each position exactly as a one-token step does (windowed "
                                  "float32 attention in both), so greedy output equals plain decoding's at any precision where "
                                  "the device's matrix products are batch-invariant (bfloat16 on avx512_bf16 / AMX "
-                                 "CPUs); refused where they are not")
+                                 "CPUs; float32 for dflash2's Llama where oneDNN's packed kernel is, e.g. AVX2-only "
+                                 "AMD EPYC); refused where they are not")
     if weights:
         parser.add_argument("--weights", default="float", choices=("float", "int8", "int4"),
                             help="the target's layer weights: float (default: as loaded, at --dtype), or int8 / int4 "

@@ -72,7 +72,13 @@ def kernel(rows: int, dtype: torch.dtype, packed: bool, invariant: bool = False)
     return FUSED
 
 
-def _packed_product(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's layout of `weight` [out, in] for passes of `PACKED_ROWS_HINT` rows (`can_pack` first)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_ROWS_HINT[weight.dtype])
+
+
+def packed_product(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x [.., in] times a `pack`ed weight -> [.., out]."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
@@ -87,8 +93,8 @@ def row_invariant(packed: torch.Tensor, shape: tuple[int, int], dtype: torch.dty
     if key not in _INVARIANT:
         x = torch.randn(PROBE_ROWS, shape[1], generator=torch.Generator().manual_seed(0)).to(dtype)
         with torch.no_grad():
-            alone = torch.cat([_packed_product(x[i:i + 1], packed) for i in range(PROBE_ROWS)])
-            _INVARIANT[key] = all(torch.equal(_packed_product(x[:n], packed), alone[:n])
+            alone = torch.cat([packed_product(x[i:i + 1], packed) for i in range(PROBE_ROWS)])
+            _INVARIANT[key] = all(torch.equal(packed_product(x[:n], packed), alone[:n])
                                   for n in range(2, PROBE_ROWS + 1))
     return _INVARIANT[key]
 
@@ -140,7 +146,7 @@ class Projection:
             self.quantized = quantized.quantize(weight, form)
             self.dequantized = quantized.dequantize(weight, form).to(weight.dtype)     # [sum(out), in]
         elif form == "packed" and weight.dtype in PACKED_ROWS_HINT and can_pack(weight):
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_ROWS_HINT[weight.dtype])
+            self.packed = pack(weight)
             if weight.dtype == torch.float32:
                 self.invariant = row_invariant(self.packed, tuple(weight.shape), weight.dtype)
 
@@ -157,7 +163,7 @@ class Projection:
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         require(self.weight is not None, "fused projection used before its weights were loaded")
         if choice == PACKED:
-            return _packed_product(x, self.packed)
+            return packed_product(x, self.packed)
         return F.linear(x, self.weight)
 
 

@@ -39,10 +39,12 @@ Contract:
 - `batch_invariant(shapes, dtype, device)` -> (bool, what failed): whether this device's matrix
   products of the given (out, in) shapes, run by `product`, give each row the same bits alone as
   among 2..CHUNK_ROWS rows (the other half of an exact verify pass: its linear layers see q rows
-  per sequence where the one-token step sees one). oneDNN's bfloat16 kernels on x86 CPUs with
-  avx512_bf16 (an AMD EPYC) or AMX (an Intel Xeon) hold; from 33 rows on another kernel class
-  reduces otherwise. Float32 products (MKL) do not (its kernels change with the row count), nor,
-  in general, GPU kernels (split reductions chosen by shape).
+  per sequence where the one-token step sees one); `packed=True` probes oneDNN's packed kernel
+  (`model.projections`), what dflash2's Llama multiplies by on a CPU. oneDNN's bfloat16 kernels on
+  x86 CPUs with avx512_bf16 (an AMD EPYC) or AMX (an Intel Xeon) hold; from 33 rows on another
+  kernel class reduces otherwise. Float32 `F.linear` (MKL) does not (its kernels change with the
+  row count); oneDNN's packed float32 kernel (layout for 8 rows) does on an AVX2-only AMD EPYC.
+  GPU kernels in general do not (split reductions chosen by shape).
 - `attention_invariant(kv_heads, groups, head_dim, dtype, device)` -> (bool, what failed): whether
   `attend` gives every query of passes of several lengths (chains crossing a width, more queries
   than one call takes, left padding and a hole) the float32 bits of its one-token step, on random
@@ -62,6 +64,8 @@ import weakref
 
 import torch
 import torch.nn.functional as F
+
+from dflash2.model import projections
 
 _ACTIVE = contextvars.ContextVar("dflash2_exact_attention", default=None)   # the pass's plans while on
 _INSTALLED = "_dflash2_invariant_products"     # a model's flag: `install_invariant_products` ran
@@ -263,15 +267,18 @@ class _Invariant:
 
 
 def batch_invariant(shapes: list[tuple[int, int]], dtype: torch.dtype, device: str,
-                    rows: tuple[int, ...] = PROBE_ROWS) -> tuple[bool, str]:
-    """Probe this device's products (random weights of each (out, in) shape, see the contract)."""
+                    rows: tuple[int, ...] = PROBE_ROWS, packed: bool = False) -> tuple[bool, str]:
+    """Probe this device's products (random weights of each (out, in) shape, see the contract);
+    `packed`: oneDNN's packed kernel (`projections.pack`), what dflash2's Llama multiplies by on a CPU."""
     generator = torch.Generator(device="cpu").manual_seed(0)
     for out_features, in_features in sorted(set(shapes)):
         weight = (torch.randn(out_features, in_features, generator=generator) * 0.05).to(device, dtype)
         x = torch.randn(max(rows), in_features, generator=generator).to(device, dtype)
+        op = (lambda r, w=projections.pack(weight): projections.packed_product(r, w)) if packed else (
+            lambda r: F.linear(r, weight))
 
         def multiply(part):
-            return product(lambda r: F.linear(r, weight), part)
+            return product(op, part)
         alone = torch.cat([multiply(x[i:i + 1]) for i in range(x.shape[0])])
         for n in rows:
             if not torch.equal(multiply(x[:n]), alone[:n]):

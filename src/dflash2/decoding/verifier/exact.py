@@ -11,7 +11,9 @@ at that precision, bfloat16 included.
 - `check_plan(config, device, dtype)`: before the target loads, from its config: refuses (one-line
   `DFlash2Error`) recurrent (hybrid) targets, whose verify pass solves the recurrence for the
   whole block in another order, a device / dtype whose products of the target's shapes are
-  not batch-invariant (float32 on x86 CPUs: MKL's one-row kernel; GPUs in general), naming the
+  not batch-invariant (float32 `F.linear` on x86 CPUs: MKL's one-row kernel; GPUs in general;
+  dflash2's own Llama at float32 on a CPU is probed on oneDNN's packed kernel, which it
+  multiplies by: `packed_products`), naming the
   product that failed and what holds instead, and a device whose attention kernel gives a query
   of a verify pass other bits than its one-token step (`exact_attention.attention_invariant`).
 - `check_exact_verify(model, hybrid)`: after it loads: no recurrent layers, and the attention must
@@ -23,7 +25,8 @@ from __future__ import annotations
 import torch
 
 from dflash2.errors import require
-from dflash2.targets import exact_attention, grouped_attention
+from dflash2.model import projections
+from dflash2.targets import exact_attention, grouped_attention, llama
 
 PROBE_OUT_LIMIT = 16384     # the head's probe uses at most this many vocabulary rows (memory)
 
@@ -39,16 +42,26 @@ def linear_shapes(text_config) -> list[tuple[int, int]]:
             (min(text_config.vocab_size, PROBE_OUT_LIMIT), hidden)]
 
 
+def packed_products(text_config, device: str, dtype: torch.dtype) -> bool:
+    """Whether the target's products will run oneDNN's packed float32 kernel: dflash2's own Llama
+    (its config class) on a CPU at float32. (At bfloat16 its packed kernel gives `F.linear`'s bits
+    up to `projections.SAME_BITS_ROWS` rows, so `F.linear` is probed.)"""
+    return (isinstance(text_config, llama.LlamaTargetConfig) and str(device).startswith("cpu")
+            and dtype == torch.float32 and projections.can_pack(torch.zeros(1, 1)))
+
+
 def check_plan(text_config, device: str, dtype: torch.dtype) -> None:
     kinds = set(getattr(text_config, "layer_types", None) or [])
     recurrent = sorted(kinds - {"full_attention", "sliding_attention", "attention"})
     require(not recurrent, f"--exact-verify needs an attention-only target; this one has {', '.join(recurrent)} "
                            "layers, whose verify pass solves the recurrence for the whole block at once")
-    holds, failed = exact_attention.batch_invariant(linear_shapes(text_config), dtype, device)
+    packed = packed_products(text_config, device, dtype)
+    holds, failed = exact_attention.batch_invariant(linear_shapes(text_config), dtype, device, packed=packed)
     name = str(dtype).removeprefix("torch.")
     require(holds, f"--exact-verify needs batch-invariant matrix products, and on this device ({device}, {name}) "
                    f"{failed} rounds differently from the same rows alone; it holds in bfloat16 on CPUs with "
-                   "avx512_bf16 or AMX (oneDNN)")
+                   "avx512_bf16 or AMX (oneDNN), and in float32 for dflash2's own Llama where oneDNN's packed "
+                   "float32 kernel is row-invariant (an AVX2-only AMD EPYC)")
     heads = text_config.num_attention_heads
     kv = getattr(text_config, "num_key_value_heads", None) or heads
     head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
