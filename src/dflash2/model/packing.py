@@ -5,8 +5,8 @@ Contract:
 - `Packed(*weights)` keeps a copy of the weights ([out_i, in] each, one input size) as one
   `model.projections.Projection` (concatenated along the output dimension, so each output is
   still its own row's dot product with x) in the form `default_form` picks: "packed" (oneDNN's
-  layout) for bfloat16 where oneDNN prepacks it, else "plain" (`F.linear` on the concatenated
-  weight; float32: oneDNN's packed float32 kernel rounds differently from MKL's above one row).
+  layout) where oneDNN prepacks the weight (bfloat16 on CPUs that compute it natively, float32 on
+  any CPU), else "plain" (`F.linear` on the concatenated weight: CUDA, MPS).
   The module's parameters, hence `state_dict()`, the checkpoint format, training and export, are
   unchanged. Not copied with its module (`deepcopy`) and not pickled.
 - `project(x, pack, *weights)` -> the outputs of each weight for x, `[..., out_i]` each: through the
@@ -16,13 +16,16 @@ Contract:
   `load_state_dict` or `.copy_` leave them) copies them again before it serves.
 - Bits. "plain" gives each weight's own `F.linear` bits (the concatenated weight does, float32 and
   bfloat16, at every pass size up to `projections.FUSED_ROWS`). "packed" runs oneDNN's packed
-  kernel up to `PACKED_ROWS` rows (1.5-1.8x faster matmuls of a draft pass's 7-64 rows here):
-  up to `projections.SAME_BITS_ROWS` rows (a batch-1 pass) it gives `F.linear`'s bits; beyond,
-  where `F.linear` changes algorithm and a row's result starts to depend on the batch around it,
-  the packed kernel keeps giving every row its one-row bits, so a batch proposes what each of its
-  rows would propose alone (tests/test_draft_pass.py; `F.linear` would not). Above `FUSED_ROWS`
-  (prefills) every weight runs its own `F.linear` (a concatenated bfloat16 weight rounds its own
-  way from about 200 rows).
+  kernel up to `PACKED_ROWS` rows (the kernel `projections.kernel` picks: 1.5-1.8x faster matmuls
+  of a draft pass's 7-64 rows). In bfloat16, up to `projections.SAME_BITS_ROWS` rows (a batch-1
+  pass) it gives `F.linear`'s bits; in float32 it rounds its own way (~1e-6 relative; the same
+  tokens in the cases tested). Beyond those sizes, where `F.linear` changes algorithm and a row's
+  result starts to depend on the batch around it, the packed kernel keeps giving every row its
+  one-row bits where `projections.row_invariant` holds, so a batch proposes what each of its rows
+  would propose alone (tests/test_draft_pass.py; `F.linear` would not). Proposals only propose:
+  verification decides what is committed, so their rounding never reaches the output. Above
+  `FUSED_ROWS` (prefills) every weight runs its own `F.linear` (a concatenated bfloat16 weight
+  rounds its own way from about 200 rows).
 - `project_joined(x, pack, *weights)`: the same outputs side by side, [..., sum(out_i)], where the
   pack serves them from one matmul; else None (the caller then takes `project`'s).
 - `repack(pack, *weights)`: `pack` where it holds these tensors, else a new pack of them (None for
@@ -41,7 +44,7 @@ PACKED_ROWS = FUSED_ROWS   # bfloat16 passes up to this many rows run the packed
 
 
 def default_form(weight: torch.Tensor) -> str:
-    return "packed" if weight.dtype == torch.bfloat16 and can_pack(weight) else "plain"
+    return "packed" if can_pack(weight) else "plain"
 
 
 def _signature(weights: tuple[torch.Tensor, ...]) -> tuple:
