@@ -93,10 +93,16 @@ def row_invariant(packed: torch.Tensor, shape: tuple[int, int], dtype: torch.dty
     if key not in _INVARIANT:
         x = torch.randn(PROBE_ROWS, shape[1], generator=torch.Generator().manual_seed(0)).to(dtype)
         with torch.no_grad():
-            alone = torch.cat([packed_product(x[i:i + 1], packed) for i in range(PROBE_ROWS)])
-            _INVARIANT[key] = all(torch.equal(packed_product(x[:n], packed), alone[:n])
-                                  for n in range(2, PROBE_ROWS + 1))
+            differs = rows_differ(lambda rows: packed_product(rows, packed), x, range(2, PROBE_ROWS + 1))
+        _INVARIANT[key] = differs is None
     return _INVARIANT[key]
+
+
+def rows_differ(op, x: torch.Tensor, counts) -> int | None:
+    """The first n of `counts` for which `op(x[:n])` ([n, in] -> [n, out]) does not give each row,
+    bit for bit, what `op` gives that row alone; None where every count does. x [max(counts), in]."""
+    alone = torch.cat([op(x[i:i + 1]) for i in range(x.shape[0])])
+    return next((n for n in counts if not torch.equal(op(x[:n]), alone[:n])), None)
 
 
 def can_pack(weight: torch.Tensor) -> bool:

@@ -276,13 +276,9 @@ def batch_invariant(shapes: list[tuple[int, int]], dtype: torch.dtype, device: s
         x = torch.randn(max(rows), in_features, generator=generator).to(device, dtype)
         op = (lambda r, w=projections.pack(weight): projections.packed_product(r, w)) if packed else (
             lambda r: F.linear(r, weight))
-
-        def multiply(part):
-            return product(op, part)
-        alone = torch.cat([multiply(x[i:i + 1]) for i in range(x.shape[0])])
-        for n in rows:
-            if not torch.equal(multiply(x[:n]), alone[:n]):
-                return False, f"a {out_features} x {in_features} {str(dtype).removeprefix('torch.')} product of {n} rows"
+        n = projections.rows_differ(lambda part, op=op: product(op, part), x, rows)
+        if n is not None:
+            return False, f"a {out_features} x {in_features} {str(dtype).removeprefix('torch.')} product of {n} rows"
     return True, ""
 
 
