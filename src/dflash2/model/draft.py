@@ -18,8 +18,8 @@ Contract:
 - `logits(hidden)` applies the target LM head, `output_multiplier` and the optional softcap; a reduced
   draft vocabulary (`d2t` / `t2d`) scores its rows, sliced anew whenever it is set or loaded.
 - `pack()` (the proposer calls it) keeps inference copies of the projections (`model.packing`:
-  q/k/v and gate/up each one matmul, oneDNN-prepacked at bfloat16 on the CPU) that passes without
-  gradients use; parameters, `state_dict()`, training and export see the unpacked module; the
+  q/k/v and gate/up each one matmul, oneDNN-prepacked on the CPU at bfloat16 and float32) that
+  passes without gradients use; parameters, `state_dict()`, training and export see the unpacked module; the
   `packing` switch off keeps every pass on the modules' own matmuls (tests/test_draft_pass.py
   compares the two).
 - `save_pretrained` / `from_pretrained` read and write `config.json` + `model.safetensors`
@@ -235,7 +235,7 @@ class DFlash2DraftModel(nn.Module):
 
     def pack(self) -> None:
         """Keep inference copies of the projections (`model.packing`): q/k/v and gate/up each as one
-        matmul, on oneDNN's prepacked layout at bfloat16. Passes without gradients use them (a
+        matmul, on oneDNN's prepacked layout on the CPU. Passes without gradients use them (a
         weight changed in place is copied again before its next use; a weight replaced by another
         tensor, as `bind_target` replaces the head, runs on the module's own matmul until the next
         `pack`); the parameters, `state_dict()` and training are untouched. With `packing` off it
