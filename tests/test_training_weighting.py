@@ -158,7 +158,7 @@ def test_selector_weights_follow_the_token_loss_only_when_asked():
     def selector_part(**options):
         token, _ = block_losses(draft, hidden, batch, w, 7.0, selector_weight=0.0, options=LossOptions(**options))
         full, _ = block_losses(draft, hidden, batch, w, 7.0, options=LossOptions(**options))
-        return float(full - token)
+        return float((full - token).detach())
 
     assert selector_part(selector_weighting="backbone") == pytest.approx(selector_part(), rel=1e-6)  # decay: same
     dpace_own = selector_part(position_weighting="dpace")
