@@ -215,6 +215,12 @@ def same_proposals(a, b, bits=True):
                 assert torch.equal(x.second.confidence, y.second.confidence)
 
 
+def packs_of(draft):
+    """The draft's inference packs (`model.packing.Packed`), after `pack()`."""
+    from dflash2.model.packing import Packed
+    return [v for m in draft.modules() for v in vars(m).values() if isinstance(v, Packed)]
+
+
 def close_proposals(a, b):
     """The same tokens, and confidences (and sampling distributions) equal to rounding."""
     assert len(a) == len(b)
@@ -288,11 +294,9 @@ def test_packed_draft_in_bfloat16_proposes_for_each_row_of_a_batch_what_it_propo
 def test_packed_draft_in_float32_proposes_for_each_row_of_a_batch_what_it_proposes_alone(temperature):
     """Where the float32 packed layout is row-invariant for every weight of the draft (the probe
     `projections.row_invariant`), a batch's rows propose bit for bit what they propose alone."""
-    from dflash2.model.packing import Packed
-
     draft = bound_tiny_draft(torch.float32, 40)
     draft.pack()
-    packs = [v for m in draft.modules() for v in vars(m).values() if isinstance(v, Packed)]
+    packs = packs_of(draft)
     assert packs and all(p.projection.packed is not None for p in packs)
     if not all(p.projection.invariant for p in packs):
         pytest.skip("oneDNN's float32 packed layout is not row-invariant on this CPU")
@@ -336,7 +340,6 @@ def test_the_shipped_draft_packed_proposes_the_same(smollm2_cache, dtype):
     their rounding changes with the batch's size (7 of 8 rows differed), on an AMD EPYC without AMX
     it does not, so only the packed kernel's invariance is asserted (in float32 where the probe
     finds the layout row-invariant for every projection)."""
-    from dflash2.model.packing import Packed
     from dflash2.model.projections import can_pack
     from dflash2.pipeline import load_decoder
     from dflash2.targets.chat import encode_prompt
@@ -360,7 +363,7 @@ def test_the_shipped_draft_packed_proposes_the_same(smollm2_cache, dtype):
             proposal = proposer.propose(anchors, adapter.next_position.clone(), draft.config.block_size)
             tokens.append(proposal.tokens)
         assert torch.equal(tokens[0], tokens[1])
-    packs = [v for m in packed.modules() for v in vars(m).values() if isinstance(v, Packed)]
+    packs = packs_of(packed)
     assert packs and all((p.projection.packed is not None) == can_pack(p.projection.weight) for p in packs)
     if dtype == "float32" and not all(p.projection.invariant for p in packs):
         return                 # the kernel rounds by row count on this CPU: a batch may propose otherwise

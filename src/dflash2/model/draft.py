@@ -19,9 +19,9 @@ Contract:
   draft vocabulary (`d2t` / `t2d`) scores its rows, sliced anew whenever it is set or loaded.
 - `pack()` (the proposer calls it) keeps inference copies of the projections (`model.packing`:
   q/k/v and gate/up each one matmul, oneDNN-prepacked on the CPU at bfloat16 and float32) that
-  passes without gradients use; parameters, `state_dict()`, training and export see the unpacked module; the
-  `packing` switch off keeps every pass on the modules' own matmuls (tests/test_draft_pass.py
-  compares the two).
+  passes without gradients use; parameters, `state_dict()`, training and export see the unpacked
+  module; the `packing` switch off keeps every pass on the modules' own matmuls
+  (tests/test_draft_pass.py compares the two).
 - `save_pretrained` / `from_pretrained` read and write `config.json` + `model.safetensors`
   atomically (into an existing directory only those two files are replaced); DFlash v1
   checkpoints load as drafts without convs and selector. `from_pretrained` checks the weights

@@ -16,8 +16,8 @@ Contract:
   `load_state_dict` or `.copy_` leave them) copies them again before it serves.
 - Bits. "plain" gives each weight's own `F.linear` bits (the concatenated weight does, float32 and
   bfloat16, at every pass size up to `projections.FUSED_ROWS`). "packed" runs oneDNN's packed
-  kernel up to `PACKED_ROWS` rows (the kernel `projections.kernel` picks: 1.5-1.8x faster matmuls
-  of a draft pass's 7-64 rows). In bfloat16, up to `projections.SAME_BITS_ROWS` rows (a batch-1
+  kernel up to `FUSED_ROWS` rows (the kernel `projections.kernel` picks: 1.5-1.8x faster
+  matmuls of a draft pass's 7-64 rows). In bfloat16, up to `projections.SAME_BITS_ROWS` rows (a batch-1
   pass) it gives `F.linear`'s bits; in float32 it rounds its own way (~1e-6 relative; the same
   tokens in the cases tested). Beyond those sizes, where `F.linear` changes algorithm and a row's
   result starts to depend on the batch around it, the packed kernel keeps giving every row its
@@ -38,9 +38,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash2.model.projections import FUSED_ROWS, Projection, can_pack
-
-
-PACKED_ROWS = FUSED_ROWS   # bfloat16 passes up to this many rows run the packed kernel
 
 
 def default_form(weight: torch.Tensor) -> str:
@@ -95,8 +92,6 @@ class Packed:
             return None
         if _signature(self.weights) != self.signature:
             self._copy()
-        if self.projection.packed is not None and rows > PACKED_ROWS:
-            return F.linear(x, self.projection.weight)
         return self.projection(x)
 
 
