@@ -4,7 +4,8 @@ and the host work around them, in seconds.
 Contract: verify figures are calibrated at start-up (`calibrate`: one-row passes of 1, block, 4 and
 16 x block tokens, stored per machine and target by the policy, `files.calibration`) or observed
 (`observe_verify`: a moving average per (b, q) that overrides the calibration; every observed time,
-the draft's and the host's too, enters its average at most `SPIKE` x the average).
+the draft's and the host's too, enters its average at most `SPIKE` x the average, and a figure's
+first time, which pays a shape's one-time costs, gives way to its second where that is lower).
 `verify(b, q)`: that figure, else linear in q between figures at batch b, else the token curve
 (piecewise linear in n = b * q) scaled to the nearest figure at batch b. When the observed figures
 contradict the calibration (`stale()`), `adopt_observed()` makes them the calibration.
@@ -26,8 +27,12 @@ def averaged(old: float | None, new: float, weight: float = EMA) -> float:
     return new if old is None else (1 - weight) * old + weight * new
 
 
-def timed(old: float | None, seconds: float) -> float:
-    """A time's running figure after one more observation, a spike counted at `SPIKE` x the figure."""
+def timed(old: float | None, seconds: float, seen: int = 2) -> float:
+    """A time's running figure after one more observation (`seen`: those before it), a spike counted at
+    `SPIKE` x the figure. The first pass of a shape in a process is a cold one (kernel and allocator
+    set-up: 1.5-2x a warm pass on a CPU), so the second observation replaces it where lower."""
+    if seen == 1:
+        return min(old, seconds)
     return averaged(old, seconds if old is None else min(seconds, max(SPIKE * old, old + SPIKE_S)))
 
 
@@ -38,6 +43,8 @@ class CostModel:
         self.observed_n: dict[tuple[int, int], int] = {}
         self.draft_s: dict[int, float] = {}
         self.host_s: dict[tuple[int, bool], float] = {}
+        self.draft_n: dict[int, int] = {}                  # observations so far, as `observed_n`
+        self.host_n: dict[tuple[int, bool], int] = {}
         self.store = None       # where the calibration is stored (`files.calibration.StoredCalibration`)
 
     @property
@@ -50,17 +57,18 @@ class CostModel:
         return len({b * q for b, q in self.verify_s}) >= 2
 
     def observe_verify(self, b: int, q: int, seconds: float) -> None:
-        self.observed_s[(b, q)] = timed(self.observed_s.get((b, q)), seconds)
-        self.observed_n[(b, q)] = self.observed_n.get((b, q), 0) + 1
+        self.observed_s[(b, q)] = timed(self.observed_s.get((b, q)), seconds, _counted(self.observed_n, (b, q)))
 
     def observe_draft(self, b: int, seconds: float) -> None:
-        self.draft_s[b] = self.draft_after(b, seconds)
+        self.draft_s[b] = timed(self.draft_s.get(b), seconds, _counted(self.draft_n, b))
 
     def draft_after(self, b: int, seconds: float) -> float:
-        return timed(self.draft_s.get(b), seconds)
+        """The draft figure were this pass observed (a cycle prices its own pass before `observe`)."""
+        return timed(self.draft_s.get(b), seconds, self.draft_n.get(b, 0))
 
     def observe_host(self, b: int, speculative: bool, seconds: float) -> None:
-        self.host_s[(b, speculative)] = timed(self.host_s.get((b, speculative)), max(seconds, 0.0))
+        key = (b, speculative)
+        self.host_s[key] = timed(self.host_s.get(key), max(seconds, 0.0), _counted(self.host_n, key))
 
     def load_calibration(self, table: VerifyTable) -> None:
         self.calibrated_s.update(table)
@@ -102,6 +110,13 @@ class CostModel:
 
     def host(self, b: int, speculative: bool) -> float:
         return _nearest({bb: s for (bb, spec), s in self.host_s.items() if spec == speculative}, b)
+
+
+def _counted(counts: dict, key) -> int:
+    """The observations of `key` before this one, counting this one."""
+    seen = counts.get(key, 0)
+    counts[key] = seen + 1
+    return seen
 
 
 def _predict(table: VerifyTable, b: int, q: int) -> float:
